@@ -1,0 +1,373 @@
+/* verify_attn on Hopper (issue 6): the sm90 kernel on the issue's shapes, against the ceilings
+ * measured in the same run and FlashMLA's numbers from the issue.
+ *
+ *   build/bench/bench_verify_attn [--reps 50] [--out docs/perf/verify_attn_sm90_results.md]
+ *                                 [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep]
+ *
+ * Inputs: bf16, paged cache of block size 64 with a shuffled block table, kv_len = prefix + Q,
+ * tree mask from random trees, sm_scale 0.13086. Each time is the median of --reps runs timed
+ * with CUDA events, the L2 flushed (a 256 MB memset) before each run. Per shape it prints the
+ * variant-2 (wgmma) time with the scheduler's split, variant 1 (mma.sync), the general fallback
+ * kernel (kdt_verify_attn_cuda with $KDT_VA_SM90=0; fewer runs), a sweep of forced split counts,
+ * and the variant-2 output's distance to variant 1's (a cross-check, not the test).
+ * Ceilings: a bf16 cuBLAS GEMM 8192^3 (TFLOP/s) and a 1 GiB device-to-device copy (read + write). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/sm90/verify_attn_sm90.h"
+#include "ops/backends.h"
+
+namespace {
+
+#define CK(call)                                                                                       \
+    do {                                                                                               \
+        cudaError_t e_ = (call);                                                                       \
+        if (e_ != cudaSuccess) {                                                                       \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));     \
+            exit(1);                                                                                   \
+        }                                                                                              \
+    } while (0)
+#define KCK(call)                                                                                      \
+    do {                                                                                               \
+        kdt_status s_ = (call);                                                                        \
+        if (s_ != KDT_OK) {                                                                            \
+            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, kdt_status_name(s_),     \
+                    kdt_last_error());                                                                 \
+            exit(1);                                                                                   \
+        }                                                                                              \
+    } while (0)
+
+struct Shape {
+    int B, H, Q, prefix;
+    double flashmla_us; /* issue 6's table: FlashMLA dense decode, no tree mask, kernel + combine */
+};
+const Shape kShapes[] = {
+    {1, 64, 33, 32768, 218}, {16, 64, 17, 4096, 258}, {32, 64, 9, 8192, 477}, {1, 64, 257, 8192, 418},
+    {2, 16, 17, 2048, 24},   {64, 8, 17, 8192, 322},  {128, 8, 9, 16384, 830},
+};
+constexpr int kDqk = 576, kDv = 512, kBS = 64;
+
+__global__ void fill_bf16(__nv_bfloat16 *x, size_t n, uint64_t seed, float amp) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        x[i] = __float2bfloat16((float)((z >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0) * amp);
+    }
+}
+
+uint64_t rng = 42;
+uint64_t rnd() {
+    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+struct Bench {
+    int reps;
+    void *flush;
+    size_t flush_bytes;
+    cudaEvent_t e0, e1;
+};
+
+/* Median time (us) of fn over reps runs, the L2 flushed before each. */
+template <typename F>
+double time_us(Bench &bn, int reps, F fn) {
+    double *t = (double *)malloc(sizeof(double) * reps);
+    for (int r = 0; r < reps; r++) {
+        CK(cudaMemsetAsync(bn.flush, r & 0xFF, bn.flush_bytes, 0));
+        CK(cudaEventRecord(bn.e0, 0));
+        fn();
+        CK(cudaEventRecord(bn.e1, 0));
+        CK(cudaEventSynchronize(bn.e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, bn.e0, bn.e1));
+        t[r] = ms * 1e3;
+    }
+    for (int i = 1; i < reps; i++) /* insertion sort, reps is small */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            const double x = t[j];
+            t[j] = t[j - 1], t[j - 1] = x;
+        }
+    const double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+    free(t);
+    return med;
+}
+
+double gemm_tflops(Bench &bn) {
+    const int n = 8192;
+    void *a, *b, *c;
+    CK(cudaMalloc(&a, (size_t)n * n * 2));
+    CK(cudaMalloc(&b, (size_t)n * n * 2));
+    CK(cudaMalloc(&c, (size_t)n * n * 2));
+    fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)a, (size_t)n * n, 1, 1.f);
+    fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)b, (size_t)n * n, 2, 1.f);
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasCreate failed\n");
+        exit(1);
+    }
+    const float one = 1.f, zero = 0.f;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    auto run = [&] {
+        cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
+                                        &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) st = s;
+    };
+    run(); /* warm-up: heuristics, clocks */
+    const double us = time_us(bn, 10, run);
+    if (st != CUBLAS_STATUS_SUCCESS) fprintf(stderr, "cublasGemmEx failed: %d\n", (int)st);
+    cublasDestroy(h);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+    return 2.0 * n * (double)n * n / us / 1e6;
+}
+
+double copy_gbs(Bench &bn) {
+    const size_t bytes = (size_t)1 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    auto run = [&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0)); };
+    run();
+    const double us = time_us(bn, 10, run);
+    cudaFree(a), cudaFree(b);
+    return 2.0 * bytes / us / 1e3; /* read + write */
+}
+
+/* Device inputs of one shape. */
+struct Inputs {
+    kdt_verify_attn_params p;
+    void *q, *kv, *o, *o_ref;
+    int32_t *bt, *kv_len;
+    uint8_t *mask;
+    float *lse;
+};
+
+void make_inputs(const Shape &s, Inputs *in) {
+    memset(in, 0, sizeof *in);
+    const int n = s.prefix + s.Q, MB = (n + kBS - 1) / kBS, NB = s.B * MB;
+    const size_t q_n = (size_t)s.B * s.Q * s.H * kDqk, kv_n = (size_t)NB * kBS * kDqk, rows = (size_t)s.B * s.Q * s.H;
+    CK(cudaMalloc(&in->q, q_n * 2));
+    CK(cudaMalloc(&in->kv, kv_n * 2));
+    CK(cudaMalloc(&in->o, rows * kDv * 2));
+    CK(cudaMalloc(&in->o_ref, rows * kDv * 2));
+    CK(cudaMalloc(&in->lse, rows * 4));
+    fill_bf16<<<2048, 256>>>((__nv_bfloat16 *)in->q, q_n, rnd(), 2.f);
+    fill_bf16<<<2048, 256>>>((__nv_bfloat16 *)in->kv, kv_n, rnd(), 1.f);
+    CK(cudaGetLastError());
+    int32_t *bt = (int32_t *)malloc(sizeof(int32_t) * NB), *len = (int32_t *)malloc(sizeof(int32_t) * s.B);
+    for (int i = 0; i < NB; i++) bt[i] = i;
+    for (int i = NB - 1; i > 0; i--) {
+        const int j = (int)(rnd() % (uint64_t)(i + 1)), t = bt[i];
+        bt[i] = bt[j], bt[j] = t;
+    }
+    for (int b = 0; b < s.B; b++) len[b] = n;
+    uint8_t *mask = (uint8_t *)calloc((size_t)s.B * s.Q * s.Q, 1);
+    int *parent = (int *)malloc(sizeof(int) * s.Q);
+    for (int b = 0; b < s.B; b++)
+        for (int i = 0; i < s.Q; i++) { /* random tree: parent below child, deep-ish */
+            parent[i] = i == 0 ? -1 : (rnd() % 2 ? i - 1 : (int)(rnd() % (uint64_t)i));
+            for (int j = i; j >= 0; j = parent[j]) mask[((size_t)b * s.Q + i) * s.Q + j] = 1;
+        }
+    CK(cudaMalloc(&in->bt, sizeof(int32_t) * NB));
+    CK(cudaMalloc(&in->kv_len, sizeof(int32_t) * s.B));
+    CK(cudaMalloc(&in->mask, (size_t)s.B * s.Q * s.Q));
+    CK(cudaMemcpy(in->bt, bt, sizeof(int32_t) * NB, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(in->kv_len, len, sizeof(int32_t) * s.B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(in->mask, mask, (size_t)s.B * s.Q * s.Q, cudaMemcpyHostToDevice));
+    free(bt), free(len), free(mask), free(parent);
+    kdt_verify_attn_params *p = &in->p;
+    p->B = s.B, p->Q = s.Q, p->H = s.H, p->Dv = kDv, p->Dr = kDqk - kDv, p->dtype = KDT_BF16;
+    p->q = in->q, p->kv_cache = in->kv, p->NB = NB, p->BS = kBS, p->block_table = in->bt, p->MB = MB;
+    p->kv_len = in->kv_len, p->tree_mask = in->mask, p->sm_scale = 0.13086f, p->o = in->o, p->lse = in->lse;
+}
+
+void free_inputs(Inputs *in) {
+    cudaFree(in->q), cudaFree(in->kv), cudaFree(in->o), cudaFree(in->o_ref), cudaFree(in->lse);
+    cudaFree(in->bt), cudaFree(in->kv_len), cudaFree(in->mask);
+}
+
+/* Relative L2 distance of two bf16 device arrays of n elements. */
+double rel_l2(const void *a, const void *b, size_t n) {
+    uint16_t *ha = (uint16_t *)malloc(n * 2), *hb = (uint16_t *)malloc(n * 2);
+    CK(cudaMemcpy(ha, a, n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb, b, n * 2, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t ua = (uint32_t)ha[i] << 16, ub = (uint32_t)hb[i] << 16;
+        float fa, fb;
+        memcpy(&fa, &ua, 4), memcpy(&fb, &ub, 4);
+        num += ((double)fa - fb) * ((double)fa - fb), den += (double)fb * fb;
+    }
+    free(ha), free(hb);
+    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+}
+
+double run_sm90(Bench &bn, Inputs &in, int variant, int parts, int reps, kdt_va_sm90_info *info) {
+    kdt_va_sm90_config cfg = {variant, parts, 0};
+    int handled = 0;
+    KCK(kdt_verify_attn_sm90_ex(&in.p, NULL, &cfg, info, &handled)); /* warm-up, and what runs */
+    if (!handled) {
+        fprintf(stderr, "the sm90 kernel declined the shape (not an sm_90 device?)\n");
+        exit(1);
+    }
+    CK(cudaDeviceSynchronize());
+    return time_us(bn, reps, [&] { KCK(kdt_verify_attn_sm90_ex(&in.p, NULL, &cfg, NULL, &handled)); });
+}
+
+double torch_us(const char *csv, const Shape &s) { /* bench/torch_sdpa_verify.py's CSV: B,H,Q,prefix,us */
+    if (!csv) return NAN;
+    FILE *f = fopen(csv, "r");
+    if (!f) return NAN;
+    char line[256];
+    double us = NAN;
+    while (fgets(line, sizeof line, f)) {
+        int B, H, Q, P;
+        double t;
+        if (sscanf(line, "%d,%d,%d,%d,%lf", &B, &H, &Q, &P, &t) == 5 && B == s.B && H == s.H && Q == s.Q && P == s.prefix)
+            us = t;
+    }
+    fclose(f);
+    return us;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    int reps = 50, fallback = 1, sweep = 1;
+    const char *out = NULL, *csv = NULL, *torch_csv = NULL;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--reps") && a + 1 < argc) reps = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--out") && a + 1 < argc) out = argv[++a];
+        else if (!strcmp(argv[a], "--csv") && a + 1 < argc) csv = argv[++a];
+        else if (!strcmp(argv[a], "--torch-csv") && a + 1 < argc) torch_csv = argv[++a];
+        else if (!strcmp(argv[a], "--no-fallback")) fallback = 0;
+        else if (!strcmp(argv[a], "--no-sweep")) sweep = 0;
+        else {
+            fprintf(stderr, "usage: %s [--reps N] [--out FILE.md] [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("bench_verify_attn: no CUDA device (skipped)\n");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    char cmd[512] = "";
+    for (int a = 0; a < argc; a++) {
+        strncat(cmd, argv[a], sizeof cmd - strlen(cmd) - 2);
+        strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
+    }
+    char date[64];
+    const time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+
+    Bench bn;
+    bn.reps = reps;
+    bn.flush_bytes = (size_t)256 << 20;
+    CK(cudaMalloc(&bn.flush, bn.flush_bytes));
+    CK(cudaEventCreate(&bn.e0));
+    CK(cudaEventCreate(&bn.e1));
+    const double gemm = gemm_tflops(bn), copy = copy_gbs(bn);
+    printf("# verify_attn sm90 bench\n\n%s (sm_%d%d, %d SMs), %s\n`%s`\n\nceilings measured in this run: bf16 GEMM 8192^3 "
+           "%.0f TFLOP/s, device copy %.0f GB/s (read + write)\n\n",
+           prop.name, prop.major, prop.minor, prop.multiProcessorCount, date, cmd, gemm, copy);
+
+    char table[16384] = "";
+    size_t tl = 0;
+#define ROW(...) (tl += (size_t)snprintf(table + tl, sizeof table - tl, __VA_ARGS__))
+    ROW("| B, H, Q, prefix | parts | us (wgmma) | TFLOP/s | %% GEMM | GB/s | %% copy | FlashMLA us | vs FlashMLA | "
+        "target | us (mma.sync) | us (fallback) | torch SDPA us | best forced parts (us) | wgmma vs mma rel_l2 |\n");
+    ROW("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    FILE *fc = csv ? fopen(csv, "w") : NULL;
+    if (csv && !fc) fprintf(stderr, "cannot write %s\n", csv);
+    if (fc)
+        fprintf(fc, "B,H,Q,prefix,kv_len,parts,us_wgmma,tflops,pct_gemm,gbs,pct_copy,flashmla_us,us_mma,us_fallback,"
+                    "us_torch,best_parts,best_parts_us,gemm_tflops,copy_gbs\n");
+
+    for (const Shape &s : kShapes) {
+        Inputs in;
+        make_inputs(s, &in);
+        const int n = s.prefix + s.Q;
+        const double flops = 2.0 * s.B * s.H * s.Q * (double)n * (kDqk + kDv);
+        const double bytes = (double)s.B * n * kDqk * 2 + (double)s.B * s.Q * s.H * (kDqk + kDv) * 2;
+        const size_t o_n = (size_t)s.B * s.Q * s.H * kDv;
+        kdt_va_sm90_info info;
+        memset(&info, 0, sizeof info);
+        const double t2 = run_sm90(bn, in, 2, 0, reps, &info);
+        CK(cudaMemcpy(in.o_ref, in.o, o_n * 2, cudaMemcpyDeviceToDevice)); /* variant 2's output */
+        kdt_va_sm90_info info1;
+        const double t1 = run_sm90(bn, in, 1, 0, reps, &info1);
+        const double diff = rel_l2(in.o_ref, in.o, o_n);
+        printf("B=%d H=%d Q=%d prefix=%d: m_tiles=%d parts=%d pdl=%d grid=%d smem=%d ws=%.1fMB  wgmma %.1f us  mma.sync %.1f us  "
+               "wgmma-vs-mma rel_l2 %.2e\n",
+               s.B, s.H, s.Q, s.prefix, info.m_tiles, info.parts, info.pdl, info.grid, info.smem_bytes, info.workspace_bytes / 1e6, t2,
+               t1, diff);
+        double tf = NAN;
+        if (fallback) {
+            setenv("KDT_VA_SM90", "0", 1);
+            KCK(kdt_verify_attn_cuda(&in.p, NULL));
+            CK(cudaDeviceSynchronize());
+            tf = time_us(bn, reps < 5 ? reps : 5, [&] { KCK(kdt_verify_attn_cuda(&in.p, NULL)); });
+            unsetenv("KDT_VA_SM90");
+            printf("  fallback (kdt_verify_attn_cuda, hook off) %.1f us\n", tf);
+        }
+        int best_p = info.parts;
+        double best_t = t2;
+        if (sweep) {
+            printf("  forced parts:");
+            const int cand[] = {1, 2, 3, 4, 6, 8, 12, 16, 20, 26, 33, 44, 66, 132};
+            for (int p : cand) {
+                if (p * info.m_tiles > 4 * prop.multiProcessorCount && p > 1) break;
+                const double t = run_sm90(bn, in, 2, p, reps < 10 ? reps : 10, NULL);
+                printf(" %d:%.1f", p, t);
+                if (t < best_t) best_t = t, best_p = p;
+            }
+            printf("  (chosen %d)\n", info.parts);
+        }
+        const double tt = torch_us(torch_csv, s);
+        const double target = s.B == 2 && s.H == 16 ? s.flashmla_us : 1.4 * s.flashmla_us;
+        char fb_s[32] = "-", tt_s[32] = "-";
+        if (fallback) snprintf(fb_s, sizeof fb_s, "%.0f", tf);
+        if (!isnan(tt)) snprintf(tt_s, sizeof tt_s, "%.0f", tt);
+        ROW("| %d, %d, %d, %d | %d | %.1f | %.0f | %.0f%% | %.0f | %.0f%% | %.0f | %.2fx | %s (<= %.0f) | %.1f | %s | %s | %d "
+            "(%.1f) | %.1e |\n",
+            s.B, s.H, s.Q, s.prefix, info.parts, t2, flops / t2 / 1e6, 100 * flops / t2 / 1e6 / gemm, bytes / t2 / 1e3,
+            100 * bytes / t2 / 1e3 / copy, s.flashmla_us, t2 / s.flashmla_us, t2 <= target ? "met" : "MISSED", target, t1,
+            fb_s, tt_s, best_p, best_t, diff);
+        if (fc)
+            fprintf(fc, "%d,%d,%d,%d,%d,%d,%.2f,%.1f,%.1f,%.0f,%.1f,%.0f,%.2f,%.2f,%.2f,%d,%.2f,%.0f,%.0f\n", s.B, s.H, s.Q,
+                    s.prefix, n, info.parts, t2, flops / t2 / 1e6, 100 * flops / t2 / 1e6 / gemm, bytes / t2 / 1e3,
+                    100 * bytes / t2 / 1e3 / copy, s.flashmla_us, t1, tf, tt, best_p, best_t, gemm, copy);
+        free_inputs(&in);
+    }
+    printf("\n%s\n", table);
+    if (fc) fclose(fc);
+    if (out) {
+        FILE *f = fopen(out, "w");
+        if (!f) {
+            fprintf(stderr, "cannot write %s\n", out);
+            return 1;
+        }
+        fprintf(f, "# verify_attn sm90 results\n\n%s (sm_%d%d, %d SMs), %s, %d runs per time (median, L2 flushed)\n`%s`\n\n"
+                   "Ceilings in this run: bf16 GEMM %.0f TFLOP/s, device copy %.0f GB/s.\n\n%s",
+                prop.name, prop.major, prop.minor, prop.multiProcessorCount, date, reps, cmd, gemm, copy, table);
+        fclose(f);
+    }
+    cudaFree(bn.flush);
+    return 0;
+}

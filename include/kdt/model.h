@@ -1,0 +1,126 @@
+/* The target model: a DeepseekV3ForCausalLM (DeepSeek-V3, Kimi K2) loaded from a Hugging Face
+ * folder (SPEC section 4) or built in, a paged latent KV cache, and one forward that serves
+ * prefill, decode and tree verification alike.
+ *
+ * A forward takes a batch of requests, each with its own new rows (token ids), their rope
+ * positions and a mask over the new rows, appends every row's latent KV to the request's cache
+ * and returns logits. A chain (mask NULL, positions NULL) is a causal prefill or a decode step;
+ * a tree (tree_build's tree_mask and positions) is a verification step, after which
+ * kdt_cache_commit keeps the accepted path.
+ *
+ * Attention is MLA in absorbed form through kdt_verify_attn: the cache holds one latent row per
+ * token, [kv_a_layernorm(compressed_kv) (kv_lora_rank), rope(k_rope) (qk_rope_head_dim)], so
+ * Dv = kv_lora_rank, Dr = qk_rope_head_dim; the query of head h is [q_nope_h @ W_UK_h, rope(q_rope_h)]
+ * and W_UV_h is applied to the Dv-dim output. Rope outputs are in transformers' layout (the
+ * rotated pairs' first elements, then their second elements). */
+#pragma once
+
+#include "kdt/kdt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KDT_CACHE_BLOCK 64       /* rows per KV cache block */
+#define KDT_MODEL_MAX_TREE 1025  /* most rows of one tree (verify_attn's Q limit); chains are chunked */
+
+/* The fields of config.json that change the math, after defaults and validation. */
+typedef struct kdt_model_config {
+    int32_t vocab_size, hidden_size, num_hidden_layers;
+    int32_t intermediate_size;         /* dense layers' MLP */
+    int32_t moe_intermediate_size;     /* each routed expert; shared experts: times n_shared_experts */
+    int32_t num_attention_heads;
+    int32_t q_lora_rank;               /* 0: config had null, q_proj maps hidden to the heads directly */
+    int32_t kv_lora_rank;              /* Dv of the cache */
+    int32_t qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int32_t n_routed_experts;          /* 0: config had null, every layer is dense */
+    int32_t n_shared_experts, num_experts_per_tok, n_group, topk_group;
+    int32_t first_k_dense_replace, moe_layer_freq; /* layer L is MoE iff L >= first_k and L % freq == 0 */
+    int32_t norm_topk_prob, tie_word_embeddings, rope_interleave; /* 0 / 1 */
+    int32_t max_position_embeddings;
+    float routed_scaling_factor, rms_norm_eps;
+    /* Rope, resolved: inv_freq[i] = theta^(-2i/d), with YaRN's ramp when yarn; cos and sin are
+     * multiplied by rope_attention_factor. */
+    int32_t rope_yarn;                 /* 0 default, 1 yarn */
+    double rope_theta;
+    double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    int32_t yarn_original_max_position_embeddings, yarn_truncate;
+    double rope_attention_factor;      /* cos/sin multiplier (1 without yarn) */
+    double softmax_scale;              /* (nope + rope)^-0.5, times mscale^2 of yarn_get_mscale(factor, mscale_all_dim) */
+} kdt_model_config;
+
+typedef struct kdt_model kdt_model;
+typedef struct kdt_cache kdt_cache;
+
+/* Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from
+ * dir. f32, bf16 and f16 weights; experts one tensor per expert (the hub's layout) or fused
+ * (transformers 5). Every missing tensor, wrong shape or bad field fails with a message naming
+ * the file, tensor or field. KDT_BACKEND_CUDA: KDT_ERR_UNSUPPORTED for now. */
+KDT_API kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_model **out);
+/* The built-in model (Kimi K2's layout scaled down: see src/model/builtin.c), made from seed. */
+KDT_API kdt_status kdt_model_builtin(uint64_t seed, kdt_backend backend, kdt_model **out);
+KDT_API void       kdt_model_free(kdt_model *m);
+KDT_API const kdt_model_config *kdt_model_get_config(const kdt_model *m);
+KDT_API kdt_backend kdt_model_backend(const kdt_model *m);
+/* Parses a config.json text (what kdt_model_load does first); `what` names it in messages. */
+KDT_API kdt_status kdt_model_config_parse(const char *json, size_t len, const char *what, kdt_model_config *out);
+
+/* ---- Paged latent KV cache: per layer a pool [num_blocks, KDT_CACHE_BLOCK, Dv + Dr], one block
+ * table shared by the layers. Requests are slots 0 .. max_requests - 1; blocks are taken from a
+ * common free list as rows are appended and given back by reset and truncate. ---- */
+/* max_len: most rows per request; num_blocks 0: enough for every request at max_len. */
+KDT_API kdt_status kdt_cache_create(const kdt_model *m, int32_t max_requests, int32_t max_len,
+                                    int32_t num_blocks, kdt_cache **out);
+KDT_API void       kdt_cache_free(kdt_cache *c);
+KDT_API int32_t    kdt_cache_len(const kdt_cache *c, int32_t req);       /* rows held; -1 if req is out of range */
+KDT_API kdt_status kdt_cache_reset(kdt_cache *c, int32_t req);           /* empties a request */
+KDT_API kdt_status kdt_cache_truncate(kdt_cache *c, int32_t req, int32_t len); /* keeps rows [0, len) */
+
+/* The pieces kdt_kv_commit and verify_attn take, for one layer (backend memory). */
+typedef struct kdt_cache_layer_view {
+    void *kv_cache;              /* [NB, BS, Dqk] */
+    kdt_dtype dtype;
+    int32_t NB, BS, Dqk, Dv;
+    const int32_t *block_table;  /* [max_requests, MB]; -1 past a request's blocks */
+    int32_t MB;
+    const int32_t *kv_len;       /* [max_requests] */
+} kdt_cache_layer_view;
+KDT_API kdt_status kdt_cache_layer(const kdt_cache *c, int32_t layer, kdt_cache_layer_view *out);
+
+/* After a verification forward that appended Q tree rows for each of B requests: moves each
+ * request's accepted path (tree_accept's accept_index [B, Q] and accept_len [B]) right after
+ * its prefix in every layer through kdt_kv_commit, and shortens the request to prefix + 1 +
+ * accept_len rows. */
+KDT_API kdt_status kdt_cache_commit(kdt_cache *c, int32_t B, const int32_t *req, int32_t Q,
+                                    const int32_t *accept_index, const int32_t *accept_len);
+
+/* ---- Forward ---- */
+typedef enum kdt_logits_rows {
+    KDT_LOGITS_ALL = 0,          /* logits [R, vocab]: every new row */
+    KDT_LOGITS_LAST = 1,         /* logits [B, vocab]: each request's last row (prefill) */
+} kdt_logits_rows;
+
+/* R = sum of n_rows. Rows of request b are rows off_b .. off_b + n_rows[b] - 1, off_b = the sum
+ * of the earlier n_rows. Host memory for every pointer, whatever the backend. */
+typedef struct kdt_batch {
+    int32_t B;                   /* requests in this call, 1 .. */
+    const int32_t *req;          /* [B] cache slots, distinct */
+    const int32_t *n_rows;       /* [B] new rows per request, >= 1 */
+    const int32_t *tokens;       /* [R] token ids */
+    const int32_t *positions;    /* [R] rope positions (>= 0); NULL: cache length + i, a chain */
+    const uint8_t *tree_mask;    /* per request [n_rows, n_rows] (0/1), back to back; NULL: causal.
+                                    A request with a mask has n_rows <= KDT_MODEL_MAX_TREE. */
+    kdt_logits_rows logits_rows;
+} kdt_batch;
+
+/* Runs the model over the batch's rows, appends their latent KV rows to the cache (a chain
+ * longer than KDT_MODEL_MAX_TREE rows is attended in chunks), and writes logits ([R, vocab] or
+ * [B, vocab], host, may be NULL) and the final hidden states after the last norm ([R, hidden],
+ * host, may be NULL: what a drafter that reads the target's states takes). On failure no cache
+ * length changes. stream: the CUDA stream (unused on CPU). */
+KDT_API kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *batch,
+                                     float *logits, float *hidden, void *stream);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Everything a GPU machine run does, in one call: build, the whole test suite, compute-sanitizer
+# over the CUDA tests, the benchmarks. Logs and result tables go to $OUT (default /tmp/kdt-gpu),
+# packed into $OUT/results.tgz; a short summary is printed last.
+#   bash scripts/gpu_check.sh [STEP ...]    steps: info build test sanitize bench (default: all)
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kdt-gpu}
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+STEPS=${*:-info build test sanitize bench}
+BUILD=${BUILD:-build}
+export PYTHONUNBUFFERED=1
+summary=()
+note() { summary+=("$*"); echo "## $*"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+# cJSON: Debian's libcjson, carried as .deb files where the machine lacks it (no network there).
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+if ! ldconfig -p | grep -q libcjson && [ -d .deb ]; then
+    for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
+    lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
+    MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
+    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    local rc=$?
+    note "$name: exit $rc in $((SECONDS - t0)) s"
+    return $rc
+}
+
+if has info; then
+    { nvidia-smi; nvcc --version; python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'; } \
+        >"$LOGS/info.log" 2>&1
+    note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1)"
+fi
+
+if has build; then
+    step build 900 make -j16 "${MAKEVARS[@]}" || { tail -30 "$LOGS/build.log"; }
+fi
+
+if has test; then
+    step test 900 bash scripts/run_tests.sh "$BUILD"
+    grep -E '^(FAIL|SKIP) ' "$LOGS/test.log" | head -40
+    note "test: $(tail -n 1 "$LOGS/test.log")"
+fi
+
+if has sanitize; then
+    for t in "$BUILD"/tests/test_tree_build "$BUILD"/tests/test_tree_accept "$BUILD"/tests/test_kv_commit \
+             "$BUILD"/tests/test_verify_attn "$BUILD"/tests/test_verify_attn_fast; do
+        [ -x "$t" ] || continue
+        n=$(basename "$t")
+        KDT_TEST_DATA="$BUILD/data" step "sanitize_$n" 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$t"
+        grep -E 'ERROR SUMMARY|^FAIL' "$LOGS/sanitize_$n.log" | head -5
+    done
+fi
+
+if has bench; then
+    b="$BUILD/bench"
+    [ -x "$b/bench_tree_build" ] && step bench_tree_build 300 "$b/bench_tree_build" --out "$OUT/bench_tree_build.md"
+    [ -x "$b/bench_accept" ] && step bench_accept 300 "$b/bench_accept" --out "$OUT/bench_accept.md"
+    [ -f bench/torch_accept.py ] && step torch_accept 300 python3 bench/torch_accept.py --kdt "$BUILD/kdt" --out "$OUT/torch_accept.md"
+    [ -x "$b/bench_verify_attn" ] && step bench_verify_attn 400 "$b/bench_verify_attn" --out "$OUT/bench_verify_attn.md"
+    [ -f bench/torch_sdpa_verify.py ] && step torch_sdpa_verify 300 python3 bench/torch_sdpa_verify.py --out "$OUT/torch_sdpa_verify.md"
+    [ -f bench/peer_bench.py ] && KDT_LIB="$PWD/$BUILD/libkdt.so" PYTHONPATH="$PWD/python" \
+        step peer_bench 400 python3 bench/peer_bench.py --out "$OUT/peer_bench.md"
+fi
+
+tar -czf "$OUT/results.tgz" -C "$OUT" logs $(cd "$OUT" && ls *.md *.csv *.png 2>/dev/null)
+printf '%s\n' "${summary[@]}"

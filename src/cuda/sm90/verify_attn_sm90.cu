@@ -1,0 +1,702 @@
+/* verify_attn on Hopper (issue 6): bf16, Dv 512 / Dr 64, tree mask, paged (any block size) or
+ * contiguous KV. Build: sm_90a only (the Makefile's SM90_ARCH).
+ *
+ * Design (FlashMLA's shape, plus the tree mask):
+ * - Rows: the Q * H (tree row, head) pairs of a request, row = i * H + h, so they are contiguous in q
+ *   and o. A CTA (256 threads, 2 warpgroups) owns a tile of 64 rows; each latent key tile
+ *   [64 keys, 576] goes to shared memory once and serves all 64 rows (all heads of the request).
+ * - Per key tile: warpgroup 0 computes S = Q K^T [64, 64] over 576 dims, applies the mask (only on
+ *   tiles reaching past the prefix: tree keys and the ragged end), runs the online softmax and
+ *   hands P (bf16) and the row rescale to warpgroup 1 through shared memory; then both compute
+ *   O += P V, V being the first 512 dims of the same tile: warpgroup 0 output dims 0..255 with P
+ *   from registers, warpgroup 1 dims 256..511 with P from shared memory. Accumulation is f32.
+ * - Key tiles are double-buffered with 16-byte cp.async, the next tile loading while this one
+ *   computes. Tiles use the 128-byte swizzled layout (sm90_ptx.cuh), read by ldmatrix (mma.sync
+ *   variants) and by wgmma descriptors alike.
+ * - Split-KV: the grid is (row tiles, parts). The keys of all requests, each request's tiles plus
+ *   a fixed overhead, are laid end to end and cut into `parts` equal ranges (by the real kv_len,
+ *   read on the device); a CTA walks its range request by request (a "segment" each), so CTAs of
+ *   one part read the same keys at the same time (L2 reuse). A request that falls in one part is
+ *   written directly; one cut across parts writes normalized partials and their LSE, merged by the
+ *   combine kernel. The host picks `parts` from the shape (choose_parts): 1 when the row tiles
+ *   alone fill the device, no combine kernel and no workspace then.
+ * - Variants (verify_attn_sm90.h): mma.sync or wgmma per product, chosen at launch.
+ *
+ * Safety without host checks: kv_len is clamped to [0, cache]; a key whose block-table entry is
+ * outside [0, NB) reads as a zero row; mask reads stay inside the request's [Q, Q]. */
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_common.cuh"
+#include "cuda/sm90/sm90_ptx.cuh"
+#include "cuda/sm90/verify_attn_sm90.h"
+
+using namespace kdt_sm90;
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+
+constexpr int kDv = 512, kDr = 64, kDqk = kDv + kDr;
+constexpr int kBM = 64;            /* rows per tile */
+constexpr int kBN = 64;            /* keys per tile */
+constexpr int kThreads = 256;
+constexpr int kChunks = kDqk / 8;  /* 16-byte chunks per key row: 72 */
+constexpr int kOverhead = 2;       /* a segment's fixed cost (Q load, epilogue) in key tiles */
+constexpr int kStride = kDv + 8;   /* staging row stride in elements (f32 or bf16) */
+constexpr uint32_t kColBlock = kBM * 128;        /* one 64-dim column block of a 64-row tile */
+constexpr uint32_t kTileBytes = kBM * kDqk * 2;  /* 73728 */
+
+/* Shared memory, from a 1024-byte aligned base. The key buffers also stage the output. */
+constexpr uint32_t kOffQ = 0;
+constexpr uint32_t kOffK = kTileBytes;                  /* 2 buffers */
+constexpr uint32_t kOffP = 3 * kTileBytes;              /* [64 rows, 64 keys] bf16, swizzled */
+constexpr uint32_t kOffScale = kOffP + kBM * 128;       /* float[64]: this tile's row rescale */
+constexpr uint32_t kOffM = kOffScale + kBM * 4;         /* float[64]: row max (log2 units) */
+constexpr uint32_t kOffL = kOffM + kBM * 4;             /* float[64]: row sum */
+constexpr uint32_t kOffSched = kOffL + kBM * 4;         /* long long[8] + long long + int */
+constexpr uint32_t kSmemBytes = kOffSched + 128 + 1024; /* + alignment slack */
+static_assert(kBM * kStride * 4 <= 2 * kTileBytes, "f32 staging must fit the key buffers");
+
+struct Args {
+    const bf16 *q;              /* [B, Q, H, 576] */
+    const bf16 *kv;             /* paged [NB, BS, 576] or contiguous [B, L, 576] */
+    const int32_t *block_table; /* [B, MB]; NULL when contiguous */
+    const int32_t *kv_len;      /* [B] */
+    const uint8_t *tree_mask;   /* [B, Q, Q] */
+    bf16 *o;                    /* [B, Q, H, 512] */
+    float *lse;                 /* [B, Q, H] */
+    float *o_part;              /* [2 * parts, Q * H, 512] normalized partials of split requests */
+    float *lse_part;            /* [2 * parts, Q * H] */
+    long long L;                /* contiguous: key rows per request */
+    int NB, BS, MB;
+    int B, Q, H, rows;          /* rows = Q * H per request */
+    int cap;                    /* keys the cache holds per request */
+    int parts;                  /* gridDim.y */
+    float scale_log2;           /* sm_scale * log2(e) */
+};
+
+/* ---- schedule: shared by the main and the combine kernel ---- */
+
+__device__ __forceinline__ int req_keys(const Args &a, int b) { return min(max(a.kv_len[b], 0), a.cap); }
+__device__ __forceinline__ int key_tiles(int n) { return max(1, (n + kBN - 1) / kBN); }
+/* Part p covers positions [part_start(p), part_start(p + 1)) of W. */
+__device__ __forceinline__ long long part_start(long long W, int P, int p) { return (long long)p * W / P; }
+/* The part holding position pos: the largest p with part_start(p) <= pos. */
+__device__ __forceinline__ int part_of(long long W, int P, long long pos) { return (int)(((pos + 1) * P + W - 1) / W - 1); }
+
+/* Inclusive scan over the CTA's 256 threads; *total gets the CTA's sum. */
+__device__ long long block_scan(long long v, long long *warp_sums, long long *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const long long u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    if (lane == 31) warp_sums[warp] = v;
+    __syncthreads();
+    long long before = 0, sum = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; w++) {
+        const long long s = warp_sums[w];
+        if (w < warp) before += s;
+        sum += s;
+    }
+    __syncthreads(); /* warp_sums is reused by the next call */
+    *total = sum;
+    return v + before;
+}
+
+/* W (all positions) and the sum of the positions of requests before `upto`. */
+__device__ void sched_sums(const Args &a, int upto, long long *warp_sums, long long *W, long long *before) {
+    *W = 0;
+    *before = 0;
+    for (int base = 0; base < a.B; base += kThreads) {
+        const int b = base + threadIdx.x;
+        const long long w = b < a.B ? key_tiles(req_keys(a, b)) + kOverhead : 0;
+        long long t, u;
+        block_scan(w, warp_sums, &t);
+        block_scan(b < upto ? w : 0, warp_sums, &u);
+        *W += t;
+        *before += u;
+    }
+}
+
+/* ---- tiles ---- */
+
+/* Byte offset of 16-byte chunk c (0..71) of row r in a 64-row swizzled tile. */
+__device__ __forceinline__ uint32_t sw_off(int r, int c) {
+    return (uint32_t)(c >> 3) * kColBlock + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
+}
+
+/* Thread's share of one 576-wide row: 4 threads per row, 18 chunks each; src NULL: zeros. */
+__device__ __forceinline__ void load_row(uint32_t tile, int r, const bf16 *src, const void *valid) {
+    const int c0 = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < kChunks / 4; i++) {
+        const int c = c0 + 4 * i;
+        cp_async16(tile + sw_off(r, c), src ? (const void *)(src + 8 * c) : valid, src ? 16 : 0);
+    }
+}
+
+/* This thread's key row (tid / 4) of tile kt of request b (n keys), or NULL for a zero row: past n,
+ * or in a block outside [0, NB). Computed a tile ahead so the block-table read is off the path. */
+__device__ __forceinline__ const bf16 *kv_row(const Args &a, int b, int n, int kt) {
+    const int j = kt * kBN + (threadIdx.x >> 2);
+    if (j >= n) return nullptr;
+    if (!a.block_table) return a.kv + ((long long)b * a.L + j) * kDqk;
+    const int blk = a.block_table[(long long)b * a.MB + j / a.BS];
+    return blk >= 0 && blk < a.NB ? a.kv + ((long long)blk * a.BS + j % a.BS) * kDqk : nullptr;
+}
+
+/* ---- S = Q K^T for warpgroup 0: s[4 j + e] is row 16 w4 + g (+8 for e >= 2), key 8 j + 2 t4 + e % 2 ---- */
+
+__device__ __forceinline__ void scores_mma(float (&s)[32], uint32_t sq, uint32_t sk, int w4, int lane) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = 0.f;
+#pragma unroll 4
+    for (int kk = 0; kk < kDqk / 16; kk++) {
+        uint32_t qa[4];
+        ldsm_x4(qa, sq + sw_off(16 * w4 + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            uint32_t kb[4];
+            ldsm_x4(kb, sk + sw_off(16 * np + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+            mma_bf16(s + 8 * np, qa, kb[0], kb[1]);
+            mma_bf16(s + 8 * np + 4, qa, kb[2], kb[3]);
+        }
+    }
+}
+
+__device__ __forceinline__ void scores_wgmma(float (&s)[32], uint32_t sq, uint32_t sk) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = 0.f;
+    fence_regs(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kDqk / 16; kk++) {
+        const uint32_t off = (uint32_t)(kk >> 2) * kColBlock + (uint32_t)(kk & 3) * 32;
+        wgmma_m64n64k16_ss(s, desc_sw128(sq + off, 16, 1024), desc_sw128(sk + off, 16, 1024));
+    }
+    wgmma_commit();
+    wgmma_wait0();
+    fence_regs(s);
+}
+
+/* ---- O += P V: o[4 j + e] is row 16 w4 + g (+8 for e >= 2), dim 256 wg + 8 j + 2 t4 + e % 2 ---- */
+
+__device__ __forceinline__ void pv_mma(float (&o)[128], const uint32_t (&p)[4][4], uint32_t sp, uint32_t sk, int wg,
+                                       int w4, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; kk++) {
+        uint32_t pa[4];
+        if (wg == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) pa[i] = p[kk][i];
+        } else {
+            ldsm_x4(pa, sp + sw_off(16 * w4 + (lane & 15), 2 * kk + (lane >> 4)));
+        }
+        const int key = 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+        for (int dp = 0; dp < 16; dp++) {
+            uint32_t vb[4];
+            ldsm_x4_trans(vb, sk + sw_off(key, 32 * wg + 2 * dp + (lane >> 4)));
+            mma_bf16(o + 8 * dp, pa, vb[0], vb[1]);
+            mma_bf16(o + 8 * dp + 4, pa, vb[2], vb[3]);
+        }
+    }
+}
+
+__device__ __forceinline__ void pv_wgmma(float (&o)[128], const uint32_t (&p)[4][4], uint32_t sp, uint32_t sk, int wg) {
+    fence_regs(o);
+    wgmma_fence();
+    /* V = dims [256 wg, 256 wg + 256) of the key tile: N-major, 64-dim column blocks kColBlock
+     * apart (lbo), 8-key groups 1024 bytes apart (sbo); a k16 step is 16 keys = 2048 bytes. */
+    const uint32_t v0 = sk + (uint32_t)wg * 4 * kColBlock;
+    if (wg == 0) {
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; kk++) wgmma_m64n256k16_rs(o, p[kk], desc_sw128(v0 + kk * 2048, kColBlock, 1024));
+        wgmma_commit();
+        wgmma_wait0();
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; kk++)
+            wgmma_m64n256k16_ss(o, desc_sw128(sp + kk * 32, 16, 1024), desc_sw128(v0 + kk * 2048, kColBlock, 1024));
+        wgmma_commit();
+        wgmma_wait0();
+    }
+    fence_regs(o);
+}
+
+/* ---- one segment: rows [m0, m0 + 64) of request b against its key tiles [tb, te) ---- */
+
+struct RowState {
+    float m[2], l[2]; /* running max (log2 units, -inf until a key is seen) and this thread's partial sum */
+};
+
+/* Masks (if needed), scales to log2 units, updates the running max and sum of the thread's two
+ * rows, returns their rescale factors and P as bf16 A fragments (p[kk] covers keys 16 kk ..). */
+__device__ __forceinline__ void softmax_tile(float (&s)[32], RowState &st, float (&alpha)[2], uint32_t (&p)[4][4],
+                                             float scale_log2, bool masked, int key0, int n, int prefix,
+                                             const uint8_t *mrow0, const uint8_t *mrow1, int t4) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        float x = s[i] * scale_log2;
+        if (masked) {
+            const int key = key0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+            const uint8_t *mrow = (i & 2) ? mrow1 : mrow0;
+            const bool seen = key < n && (key < prefix || mrow[key - prefix] != 0);
+            x = seen ? x : -INFINITY;
+        }
+        s[i] = x;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(st.m[h], mx);
+        const float base = m_new == -INFINITY ? 0.f : m_new; /* no key seen yet: P = 0, nothing to rescale */
+        alpha[h] = ex2(st.m[h] - base);
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            s[4 * j + 2 * h] = ex2(s[4 * j + 2 * h] - base);
+            s[4 * j + 2 * h + 1] = ex2(s[4 * j + 2 * h + 1] - base);
+            sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+        }
+        st.l[h] = st.l[h] * alpha[h] + sum;
+        st.m[h] = m_new;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        p[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+        p[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+        p[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+        p[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+template <bool kWgS, bool kWgPV>
+__device__ __forceinline__ void run_segment(const Args &a, uint8_t *smem, uint32_t sbase, int b, int mt, int tb, int te,
+                                            int slot) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, w4 = warp & 3;
+    /* The warpgroup index through a shuffle: provably warp-uniform, so ptxas keeps the wgmma of
+     * each warpgroup's branch asynchronous instead of serializing it. */
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int g = lane >> 2, t4 = lane & 3;
+    const int m0 = mt * kBM, rows_valid = min(kBM, a.rows - m0);
+    const int n = req_keys(a, b), prefix = n - a.Q; /* key prefix + i is tree node i */
+    const int r0 = 16 * w4 + g, r1 = r0 + 8;         /* this thread's two rows in the tile */
+    float *s_scale = (float *)(smem + kOffScale), *s_m = (float *)(smem + kOffM), *s_l = (float *)(smem + kOffL);
+    const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP;
+
+    __syncthreads(); /* the previous segment's staging has been read */
+    {
+        const int r = tid >> 2;
+        load_row(sq, r, r < rows_valid ? a.q + ((long long)b * a.rows + m0 + r) * kDqk : nullptr, a.q);
+    }
+    cp_async_commit();
+    load_row(sbase + kOffK, tid >> 2, kv_row(a, b, n, tb), a.kv);
+    cp_async_commit();
+    const bf16 *next_row = kv_row(a, b, n, tb + 1);
+
+    /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
+    const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
+    const uint8_t *mrow1 = a.tree_mask + ((long long)b * a.Q + min((m0 + r1) / a.H, a.Q - 1)) * a.Q;
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.f;
+    RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+
+    for (int kt = tb; kt < te; kt++) {
+        const uint32_t sk = sbase + kOffK + (uint32_t)((kt - tb) & 1) * kTileBytes;
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads(); /* tile kt landed for all; every thread is done with tile kt - 1 */
+        if (kt + 1 < te) {
+            load_row(sbase + kOffK + (uint32_t)((kt + 1 - tb) & 1) * kTileBytes, tid >> 2, next_row, a.kv);
+            cp_async_commit();
+            next_row = kv_row(a, b, n, kt + 2);
+        }
+        uint32_t p[4][4];
+        float alpha[2];
+        if (wg == 0) {
+            float s[32];
+            if (kWgS) scores_wgmma(s, sq, sk);
+            else scores_mma(s, sq, sk, w4, lane);
+            softmax_tile(s, st, alpha, p, a.scale_log2, (kt + 1) * kBN > prefix, kt * kBN, n, prefix, mrow0, mrow1, t4);
+#pragma unroll
+            for (int j = 0; j < 8; j++) { /* P to shared memory for warpgroup 1 */
+                *(uint32_t *)(smem + kOffP + r0 * 128 + ((j ^ (r0 & 7)) << 4) + t4 * 4) = p[j >> 1][(j & 1) * 2];
+                *(uint32_t *)(smem + kOffP + r1 * 128 + ((j ^ (r1 & 7)) << 4) + t4 * 4) = p[j >> 1][(j & 1) * 2 + 1];
+            }
+            if (t4 == 0) {
+                s_scale[r0] = alpha[0];
+                s_scale[r1] = alpha[1];
+            }
+            if (kWgPV) fence_proxy_async(); /* P is read by warpgroup 1's wgmma */
+        }
+        __syncthreads(); /* P and the rescale are in shared memory */
+        if (wg == 1) {
+            alpha[0] = s_scale[r0];
+            alpha[1] = s_scale[r1];
+        }
+        if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                o[4 * j] *= alpha[0];
+                o[4 * j + 1] *= alpha[0];
+                o[4 * j + 2] *= alpha[1];
+                o[4 * j + 3] *= alpha[1];
+            }
+        }
+        if (kWgPV) pv_wgmma(o, p, sp, sk, wg);
+        else pv_mma(o, p, sp, sk, wg, w4, lane);
+    }
+
+    if (wg == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
+        }
+        if (t4 == 0) {
+            s_m[r0] = st.m[0], s_l[r0] = st.l[0];
+            s_m[r1] = st.m[1], s_l[r1] = st.l[1];
+        }
+    }
+    __syncthreads(); /* row sums are out; every thread's last P V is done, so the key buffers are free */
+    const float l0 = s_l[r0], l1 = s_l[r1];
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f; /* no key seen: o = 0 */
+    const int d0 = 256 * wg + 2 * t4;
+    if (slot < 0) {
+        bf16 *stage = (bf16 *)(smem + kOffK);
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            *(__nv_bfloat162 *)(stage + r0 * kStride + d0 + 8 * j) = __floats2bfloat162_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+            *(__nv_bfloat162 *)(stage + r1 * kStride + d0 + 8 * j) =
+                __floats2bfloat162_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        }
+    } else {
+        float *stage = (float *)(smem + kOffK);
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            *(float2 *)(stage + r0 * kStride + d0 + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+            *(float2 *)(stage + r1 * kStride + d0 + 8 * j) = make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        }
+    }
+    __syncthreads();
+    const long long row0 = (slot < 0 ? (long long)b : (long long)slot) * a.rows + m0; /* first row of the tile in o / o_part */
+    if (slot < 0) {
+        const bf16 *stage = (const bf16 *)(smem + kOffK);
+        for (int i = tid; i < rows_valid * (kDv / 8); i += kThreads) {
+            const int r = i / (kDv / 8), c = i % (kDv / 8);
+            *(uint4 *)(a.o + (row0 + r) * kDv + 8 * c) = *(const uint4 *)(stage + r * kStride + 8 * c);
+        }
+    } else {
+        const float *stage = (const float *)(smem + kOffK);
+        for (int i = tid; i < rows_valid * (kDv / 4); i += kThreads) {
+            const int r = i / (kDv / 4), c = i % (kDv / 4);
+            *(float4 *)(a.o_part + (row0 + r) * kDv + 4 * c) = *(const float4 *)(stage + r * kStride + 4 * c);
+        }
+    }
+    if (tid < rows_valid) {
+        const float l = s_l[tid];
+        const float v = l > 0.f ? s_m[tid] * 0.69314718055994531f + logf(l) : -INFINITY;
+        (slot < 0 ? a.lse : a.lse_part)[row0 + tid] = v;
+    }
+}
+
+template <bool kWgS, bool kWgPV>
+__global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_constant__ Args a) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const uint32_t sbase = smem_u32(smem);
+    long long *warp_sums = (long long *)(smem + kOffSched);
+    long long *found_w = warp_sums + 8;
+    int *found_b = (int *)(found_w + 1);
+    /* Let the combine kernel (programmatic dependent launch) start as soon as every CTA runs. */
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+    const int mt = blockIdx.x, part = blockIdx.y, P = a.parts;
+    long long W = 0, s_p = 0, e_p = LLONG_MAX, wb = 0; /* wb: position of request b */
+    int b = 0;
+    if (P > 1) {
+        long long unused;
+        sched_sums(a, 0, warp_sums, &W, &unused);
+        s_p = part_start(W, P, part);
+        e_p = part_start(W, P, part + 1);
+        if (threadIdx.x == 0) *found_b = -1;
+        long long run = 0;
+        for (int base = 0; base < a.B; base += kThreads) { /* the request holding position s_p */
+            const int bb = base + threadIdx.x;
+            const long long w = bb < a.B ? key_tiles(req_keys(a, bb)) + kOverhead : 0;
+            long long t;
+            const long long incl = block_scan(w, warp_sums, &t);
+            if (bb < a.B && run + incl - w <= s_p && s_p < run + incl) {
+                *found_b = bb;
+                *found_w = run + incl - w;
+            }
+            run += t;
+            __syncthreads();
+            if (*found_b >= 0) break;
+        }
+        b = *found_b;
+        wb = *found_w;
+        if (b < 0) return; /* only when the parts outnumber W: nothing here (uniform) */
+    }
+    for (; b < a.B; b++) {
+        const int nt = key_tiles(req_keys(a, b));
+        const long long first = wb + kOverhead; /* position of the request's first key tile */
+        if (first >= e_p) break;
+        const long long tb = (s_p > first ? s_p : first) - first, te = (e_p < first + nt ? e_p : first + nt) - first;
+        if (tb < te) {
+            int slot = -1; /* direct output */
+            if (P > 1) {
+                const int p0 = part_of(W, P, first), p1 = part_of(W, P, first + nt - 1);
+                if (p0 != p1) slot = part == p0 ? 2 * part + 1 : 2 * part;
+            }
+            run_segment<kWgS, kWgPV>(a, smem, sbase, b, mt, (int)tb, (int)te, slot);
+        }
+        wb += nt + kOverhead;
+    }
+}
+
+/* Merges the partials of split requests: one warp per row, 16 dims per lane. */
+__global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constant__ Args a) {
+    __shared__ long long warp_sums[kThreads / 32];
+    const int b = blockIdx.y, P = a.parts;
+    long long W, wb;
+    sched_sums(a, b, warp_sums, &W, &wb);
+    const long long first = wb + kOverhead;
+    const int p0 = part_of(W, P, first), p1 = part_of(W, P, first + key_tiles(req_keys(a, b)) - 1);
+    if (p0 == p1) return; /* written directly by the main kernel */
+    asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the main kernel's partials are complete */
+    const int r = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= a.rows) return;
+    float mx = -INFINITY;
+    for (int p = p0; p <= p1; p++) {
+        if (part_start(W, P, p) == part_start(W, P, p + 1)) continue; /* an empty part wrote nothing */
+        mx = fmaxf(mx, a.lse_part[(long long)(p == p0 ? 2 * p + 1 : 2 * p) * a.rows + r]);
+    }
+    float4 acc[4] = {};
+    float sum = 0.f;
+    if (mx != -INFINITY) {
+        for (int p = p0; p <= p1; p++) {
+            if (part_start(W, P, p) == part_start(W, P, p + 1)) continue;
+            const long long row = (long long)(p == p0 ? 2 * p + 1 : 2 * p) * a.rows + r;
+            const float w = expf(a.lse_part[row] - mx);
+            sum += w;
+            const float4 *src = (const float4 *)(a.o_part + row * kDv);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float4 v = src[lane + 32 * k];
+                acc[k].x = fmaf(w, v.x, acc[k].x), acc[k].y = fmaf(w, v.y, acc[k].y);
+                acc[k].z = fmaf(w, v.z, acc[k].z), acc[k].w = fmaf(w, v.w, acc[k].w);
+            }
+        }
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const long long row = (long long)b * a.rows + r;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[k].x * inv, acc[k].y * inv);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(acc[k].z * inv, acc[k].w * inv);
+        uint2 u;
+        u.x = *(const uint32_t *)&lo;
+        u.y = *(const uint32_t *)&hi;
+        *(uint2 *)(a.o + row * kDv + 4 * (lane + 32 * k)) = u;
+    }
+    if (lane == 0) a.lse[row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
+}
+
+/* ---- host ---- */
+
+typedef void (*kernel_fn)(Args);
+const kernel_fn kKernels[KDT_VA_SM90_VARIANTS] = {va_sm90_kernel<false, false>, va_sm90_kernel<true, true>,
+                                                  va_sm90_kernel<true, false>, va_sm90_kernel<false, true>};
+
+/* Scheduler constants: a key tile's time, the combine kernel's fixed cost, and the rate at which
+ * partials are written and read back (mostly L2). Only their ratios matter. */
+constexpr double kTileUs = 2.0, kCombineUs = 3.0, kPartialBytesPerUs = 5e6;
+
+/* Parts per row tile: the one-wave split (m_tiles * parts <= SMs) with the least estimated time,
+ * counting the longest part's tiles and the partials' traffic; 1 when the row tiles alone fill
+ * the device. nt: key tiles per request as the host sees it (the cache's capacity). */
+int choose_parts(int B, int m_tiles, long long nt, int sms, int rows) {
+    if (m_tiles * 2 > sms) return 1;
+    int best = 1;
+    double best_us = 0;
+    for (int P = 1; P <= sms / m_tiles && P <= 65535; P++) {
+        double us = ((double)B * (double)(nt + kOverhead) / P + kOverhead) * kTileUs;
+        if (P > 1) us += kCombineUs + 2.0 * (P - 1) * rows * (kDv + 1) * 4.0 * 2.0 / kPartialBytesPerUs;
+        if (P == 1 || us < best_us) best = P, best_us = us;
+    }
+    return best;
+}
+
+/* Workspace comes from a pool of our own that keeps freed memory (up to kPoolKeep), so a call per
+ * layer does not map and unmap device memory each time; stream-ordered, so concurrent calls on
+ * different streams are safe. */
+constexpr int kMaxDevices = 64;
+constexpr uint64_t kPoolKeep = 512ull << 20;
+pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+cudaMemPool_t g_pool[kMaxDevices];
+
+kdt_status workspace_pool(int dev, cudaMemPool_t *pool) {
+    if (dev < 0 || dev >= kMaxDevices) {
+        KDT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(pool, dev));
+        return KDT_OK;
+    }
+    pthread_mutex_lock(&g_pool_mu);
+    cudaError_t e = cudaSuccess;
+    if (!g_pool[dev]) {
+        cudaMemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = dev;
+        cudaMemPool_t p = nullptr;
+        e = cudaMemPoolCreate(&p, &props);
+        uint64_t keep = kPoolKeep;
+        if (e == cudaSuccess) e = cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep);
+        if (e == cudaSuccess) g_pool[dev] = p;
+        else if (p) (void)cudaMemPoolDestroy(p);
+    }
+    *pool = g_pool[dev];
+    pthread_mutex_unlock(&g_pool_mu);
+    KDT_CUDA_CHECK(e);
+    return KDT_OK;
+}
+
+int env_variant(void) { /* $KDT_VA_SM90: 0 off, 1..4 a variant; unset or unparsable: 2 */
+    const char *s = getenv("KDT_VA_SM90");
+    if (!s || !*s) return 2;
+    char *end = nullptr;
+    const long v = strtol(s, &end, 10);
+    return (*end == 0 && v >= 0 && v <= KDT_VA_SM90_VARIANTS) ? (int)v : 2;
+}
+
+int aligned(const void *p, uintptr_t n) { return ((uintptr_t)p % n) == 0; }
+
+kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int variant, int parts_req, int no_pdl,
+                  kdt_va_sm90_info *info, int *handled) {
+    int dev = 0, major = 0, sms = 0, max_smem = 0;
+    KDT_CUDA_CHECK(cudaGetDevice(&dev));
+    KDT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major != 9) return KDT_OK;
+    KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    KDT_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if ((int)kSmemBytes > max_smem) return KDT_OK;
+
+    const int paged = p->kv_cache != NULL;
+    const long long rows = (long long)p->Q * p->H, cap = paged ? (long long)p->MB * p->BS : p->L;
+    if (rows > INT_MAX / 2) return KDT_OK;
+    Args a;
+    memset(&a, 0, sizeof a);
+    a.q = (const bf16 *)p->q;
+    a.kv = (const bf16 *)(paged ? p->kv_cache : p->kv);
+    a.block_table = paged ? p->block_table : nullptr;
+    a.kv_len = p->kv_len;
+    a.tree_mask = p->tree_mask;
+    a.o = (bf16 *)p->o;
+    a.lse = p->lse;
+    a.L = p->L;
+    a.NB = p->NB, a.BS = p->BS, a.MB = p->MB;
+    a.B = p->B, a.Q = p->Q, a.H = p->H, a.rows = (int)rows;
+    a.cap = (int)(cap < INT_MAX ? cap : INT_MAX);
+    a.scale_log2 = p->sm_scale * 1.4426950408889634f;
+
+    const int m_tiles = (int)((rows + kBM - 1) / kBM);
+    const long long nt = (a.cap + kBN - 1) / kBN > 0 ? (a.cap + kBN - 1) / kBN : 1;
+    int parts = parts_req > 0 ? parts_req : choose_parts(a.B, m_tiles, nt, sms, a.rows);
+    if (parts > 65535) parts = 65535;
+    if (a.B > 65535) parts = 1; /* the combine grid's y dimension */
+    a.parts = parts;
+
+    size_t ws_bytes = 0;
+    void *ws = nullptr;
+    if (parts > 1) {
+        const size_t slot_rows = (size_t)2 * parts * (size_t)rows;
+        ws_bytes = slot_rows * (kDv + 1) * sizeof(float);
+        cudaMemPool_t pool;
+        kdt_status s = workspace_pool(dev, &pool);
+        if (s != KDT_OK) return s;
+        KDT_CUDA_CHECK(cudaMallocFromPoolAsync(&ws, ws_bytes, pool, stream));
+        a.o_part = (float *)ws;
+        a.lse_part = a.o_part + slot_rows * kDv;
+    }
+
+    const kernel_fn kernel = kKernels[variant - 1];
+    int pdl = 0;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes);
+    if (e == cudaSuccess) {
+        kernel<<<dim3((unsigned)m_tiles, (unsigned)parts), kThreads, kSmemBytes, stream>>>(a);
+        e = cudaPeekAtLastError();
+    }
+    if (e == cudaSuccess && parts > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)((rows + kThreads / 32 - 1) / (kThreads / 32)), (unsigned)a.B);
+        cfg.blockDim = dim3(kThreads);
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = no_pdl ? 0 : 1;
+        e = cudaLaunchKernelEx(&cfg, va_sm90_combine, a);
+        if (e != cudaSuccess && cfg.numAttrs) { /* programmatic launch refused here: a plain launch */
+            (void)cudaGetLastError();
+            cfg.numAttrs = 0;
+            e = cudaLaunchKernelEx(&cfg, va_sm90_combine, a);
+        }
+        pdl = cfg.numAttrs;
+    }
+    if (ws) {
+        const cudaError_t ef = cudaFreeAsync(ws, stream);
+        if (e == cudaSuccess) e = ef;
+    }
+    if (e != cudaSuccess)
+        return kdt_fail(KDT_ERR_CUDA, "verify_attn sm90 (variant %d, %d x %d CTAs): %s", variant, m_tiles, parts,
+                        cudaGetErrorString(e));
+    if (info) {
+        info->variant = variant;
+        info->m_tiles = m_tiles;
+        info->parts = parts;
+        info->grid = m_tiles * parts;
+        info->smem_bytes = (int)kSmemBytes;
+        info->workspace_bytes = ws_bytes;
+        info->pdl = pdl;
+    }
+    *handled = 1;
+    return KDT_OK;
+}
+
+} // namespace
+
+extern "C" kdt_status kdt_verify_attn_sm90_ex(const kdt_verify_attn_params *p, void *stream, const kdt_va_sm90_config *cfg,
+                                              kdt_va_sm90_info *info, int *handled) {
+    *handled = 0;
+    if (!p || p->dtype != KDT_BF16 || p->Dv != kDv || p->Dr != kDr || p->B < 1 || p->Q < 1 || p->H < 1) return KDT_OK;
+    const void *kv = p->kv_cache ? p->kv_cache : p->kv;
+    if (!aligned(p->q, 16) || !aligned(kv, 16) || !aligned(p->o, 16) || !aligned(p->lse, 4)) return KDT_OK;
+    int variant = cfg && cfg->variant ? cfg->variant : env_variant();
+    if (variant == 0) variant = 2; /* $KDT_VA_SM90=0 switches the hook off, not this entry */
+    if (variant < 1 || variant > KDT_VA_SM90_VARIANTS)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "verify_attn sm90: variant %d outside 1 .. %d", variant, KDT_VA_SM90_VARIANTS);
+    if (cfg && cfg->parts < 0) return kdt_fail(KDT_ERR_INVALID_ARG, "verify_attn sm90: parts %d is negative", cfg->parts);
+    return launch(p, (cudaStream_t)stream, variant, cfg ? cfg->parts : 0, cfg ? cfg->no_pdl : 0, info, handled);
+}
+
+extern "C" kdt_status kdt_verify_attn_sm90(const kdt_verify_attn_params *p, void *stream, int *handled) {
+    *handled = 0;
+    if (env_variant() == 0) return KDT_OK;
+    return kdt_verify_attn_sm90_ex(p, stream, NULL, NULL, handled);
+}

@@ -1,0 +1,345 @@
+/* The CPU forward in f32, the reference: each step written as transformers' DeepseekV3 computes
+ * it, except attention, which runs in absorbed form through kdt_verify_attn over the paged
+ * latent cache. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/internal.h"
+#include "kdt/ops.h"
+#include "model/internal.h"
+
+/* The q_a and kv_a norms are built with transformers' default eps, not rms_norm_eps. */
+#define LORA_NORM_EPS 1e-6f
+
+/* y[r, o] = x[r, :] . W[o, :] for R rows: x [R, in], W [out, in], y [R, out]. Four rows share
+ * each pass over a weight row. */
+static void linear(const float *x, int64_t R, int32_t in, const float *W, int32_t out, float *y) {
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) {
+        const float *x0 = x + r * in, *x1 = x0 + in, *x2 = x1 + in, *x3 = x2 + in;
+        for (int32_t o = 0; o < out; o++) {
+            const float *w = W + (int64_t)o * in;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            for (int32_t i = 0; i < in; i++) {
+                a0 += x0[i] * w[i];
+                a1 += x1[i] * w[i];
+                a2 += x2[i] * w[i];
+                a3 += x3[i] * w[i];
+            }
+            y[r * out + o] = a0;
+            y[(r + 1) * out + o] = a1;
+            y[(r + 2) * out + o] = a2;
+            y[(r + 3) * out + o] = a3;
+        }
+    }
+    for (; r < R; r++)
+        for (int32_t o = 0; o < out; o++) {
+            const float *xr = x + r * in, *w = W + (int64_t)o * in;
+            float a = 0;
+            for (int32_t i = 0; i < in; i++) a += xr[i] * w[i];
+            y[r * out + o] = a;
+        }
+}
+
+/* y = w * x / sqrt(mean(x^2) + eps) over n, for one row (y may be x). */
+static void rms_norm(const float *x, const float *w, int32_t n, float eps, float *y) {
+    double ss = 0;
+    for (int32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float inv = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int32_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * inv);
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* Rope of one d-dim vector (d = 2 * half), in place. Interleaved input pairs (x[2i], x[2i+1])
+ * (rope_interleave) or split ones (x[i], x[i + half]); either way the output holds the pairs'
+ * rotated first elements, then their second elements, as transformers writes them. */
+static void rope(float *x, int32_t half, const float *cs, const float *sn, int interleave, float *tmp) {
+    for (int32_t i = 0; i < half; i++) {
+        const float a = interleave ? x[2 * i] : x[i], b = interleave ? x[2 * i + 1] : x[i + half];
+        tmp[i] = a * cs[i] - b * sn[i];
+        tmp[i + half] = b * cs[i] + a * sn[i];
+    }
+    memcpy(x, tmp, (size_t)2 * half * sizeof *x);
+}
+
+/* Scratch of one forward, sized for R rows. */
+typedef struct ws {
+    float *x, *h, *q, *qa, *ckv, *qabs, *olat, *lse, *ov, *tmp, *cs, *sn;
+    uint8_t *causal;             /* [q_len, q_len] the causal mask of one chunk */
+    uint8_t *gsel;               /* [n_group] groups kept by the router */
+    /* MoE */
+    float *gate_w;               /* [R, topk] */
+    int32_t *gate_i;             /* [R, topk] */
+    int32_t *rows;               /* [R] rows routed to one expert */
+    float *xe, *ge, *ue, *ye;    /* gathered rows and their expert activations */
+} ws;
+
+static void ws_free(ws *w) {
+    free(w->x); free(w->h); free(w->q); free(w->qa); free(w->ckv); free(w->qabs); free(w->olat); free(w->lse);
+    free(w->ov); free(w->tmp); free(w->cs); free(w->sn); free(w->causal); free(w->gsel); free(w->gate_w); free(w->gate_i);
+    free(w->rows); free(w->xe); free(w->ge); free(w->ue); free(w->ye);
+}
+
+static kdt_status ws_alloc(ws *w, const kdt_model_config *c, int64_t R) {
+    memset(w, 0, sizeof *w);
+    const int64_t H = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    const int64_t Dqk = c->kv_lora_rank + c->qk_rope_head_dim;
+    int64_t inter = c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size : c->moe_intermediate_size;
+    if ((int64_t)c->moe_intermediate_size * c->n_shared_experts > inter) inter = (int64_t)c->moe_intermediate_size * c->n_shared_experts;
+    int64_t widest = c->hidden_size;
+    const int64_t cands[] = {H * qk, c->q_lora_rank, Dqk, H * c->v_head_dim, inter, c->n_routed_experts};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) widest = cands[i] > widest ? cands[i] : widest;
+    const int64_t topk = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
+    w->x = malloc((size_t)(R * c->hidden_size) * sizeof(float));
+    w->h = malloc((size_t)(R * c->hidden_size) * sizeof(float));
+    w->q = malloc((size_t)(R * H * qk) * sizeof(float));
+    w->qa = malloc((size_t)(R * (c->q_lora_rank + 1)) * sizeof(float));
+    w->ckv = malloc((size_t)(R * Dqk) * sizeof(float));
+    w->qabs = malloc((size_t)(R * H * Dqk) * sizeof(float));
+    w->olat = malloc((size_t)(R * H * c->kv_lora_rank) * sizeof(float));
+    w->lse = malloc((size_t)(R * H) * sizeof(float));
+    w->ov = malloc((size_t)(R * H * c->v_head_dim) * sizeof(float));
+    w->tmp = malloc((size_t)(2 * widest + 2 * Dqk) * sizeof(float));
+    w->cs = malloc((size_t)(R * (c->qk_rope_head_dim / 2)) * sizeof(float));
+    w->sn = malloc((size_t)(R * (c->qk_rope_head_dim / 2)) * sizeof(float));
+    const int64_t maxq = R < KDT_MODEL_MAX_TREE ? R : KDT_MODEL_MAX_TREE;
+    w->causal = malloc((size_t)(maxq * maxq));
+    w->gsel = malloc((size_t)c->n_group + 1);
+    w->gate_w = malloc((size_t)(R * topk) * sizeof(float));
+    w->gate_i = malloc((size_t)(R * topk) * sizeof(int32_t));
+    w->rows = malloc((size_t)R * sizeof(int32_t));
+    w->xe = malloc((size_t)(R * c->hidden_size) * sizeof(float));
+    w->ge = malloc((size_t)(R * inter) * sizeof(float));
+    w->ue = malloc((size_t)(R * inter) * sizeof(float));
+    w->ye = malloc((size_t)(R * c->hidden_size) * sizeof(float));
+    if (!w->x || !w->h || !w->q || !w->qa || !w->ckv || !w->qabs || !w->olat || !w->lse || !w->ov || !w->tmp || !w->cs ||
+        !w->sn || !w->causal || !w->gsel || !w->gate_w || !w->gate_i || !w->rows || !w->xe || !w->ge || !w->ue || !w->ye) {
+        ws_free(w);
+        return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory for %lld rows", (long long)R);
+    }
+    return KDT_OK;
+}
+
+/* cos and sin [R, rope / 2] of each row's position, times the YaRN attention factor. */
+static void rope_tables(const kdt_model *m, const int32_t *pos, int64_t R, ws *w) {
+    const int32_t half = m->cfg.qk_rope_head_dim / 2;
+    const float af = (float)m->cfg.rope_attention_factor;
+    for (int64_t r = 0; r < R; r++)
+        for (int32_t i = 0; i < half; i++) {
+            const float ang = (float)pos[r] * m->inv_freq[i];
+            w->cs[r * half + i] = (float)cos((double)ang) * af;
+            w->sn[r * half + i] = (float)sin((double)ang) * af;
+        }
+}
+
+/* MLA attention of layer l over the batch's rows: h [R, hidden] in, w->h out ([R, hidden]). */
+static kdt_status attention(const kdt_model *m, kdt_cache *c, int32_t l, const kdt_batch *bt, const int32_t *start, int64_t R,
+                            ws *w) {
+    const kdt_model_config *cf = &m->cfg;
+    const kdt_layer_w *L = &m->layers[l];
+    const int32_t H = cf->num_attention_heads, nope = cf->qk_nope_head_dim, rd = cf->qk_rope_head_dim, half = rd / 2;
+    const int32_t qk = nope + rd, Dv = cf->kv_lora_rank, Dqk = Dv + rd, vd = cf->v_head_dim, hid = cf->hidden_size;
+    /* Queries [R, H, qk] and the compressed KV [R, Dv + rd]. */
+    if (cf->q_lora_rank) {
+        linear(w->h, R, hid, L->q_a, cf->q_lora_rank, w->qa);
+        for (int64_t r = 0; r < R; r++)
+            rms_norm(w->qa + r * cf->q_lora_rank, L->q_a_norm, cf->q_lora_rank, LORA_NORM_EPS, w->qa + r * cf->q_lora_rank);
+        linear(w->qa, R, cf->q_lora_rank, L->q_b, H * qk, w->q);
+    } else {
+        linear(w->h, R, hid, L->q_proj, H * qk, w->q);
+    }
+    linear(w->h, R, hid, L->kv_a, Dqk, w->ckv);
+    /* Latent rows [norm(c_kv), rope(k_rope)] and absorbed queries [q_nope @ W_UK, rope(q_rope)]. */
+    for (int64_t r = 0; r < R; r++) {
+        float *kv = w->ckv + r * Dqk;
+        rms_norm(kv, L->kv_a_norm, Dv, LORA_NORM_EPS, kv);
+        rope(kv + Dv, half, w->cs + r * half, w->sn + r * half, cf->rope_interleave, w->tmp);
+        for (int32_t hh = 0; hh < H; hh++) {
+            const float *qh = w->q + (r * H + hh) * qk;
+            const float *wuk = L->kv_b + (int64_t)hh * (nope + vd) * Dv; /* [nope, Dv] */
+            float *qa = w->qabs + (r * H + hh) * Dqk;
+            for (int32_t j = 0; j < Dv; j++) qa[j] = 0;
+            for (int32_t i = 0; i < nope; i++) {
+                const float qi = qh[i];
+                const float *row = wuk + (int64_t)i * Dv;
+                for (int32_t j = 0; j < Dv; j++) qa[j] += qi * row[j];
+            }
+            memcpy(qa + Dv, qh + nope, (size_t)rd * sizeof(float));
+            rope(qa + Dv, half, w->cs + r * half, w->sn + r * half, cf->rope_interleave, w->tmp);
+        }
+    }
+    /* Append the rows to the cache: row i of request b is slot start[b] + i. */
+    float *pool = c->pool[l];
+    int64_t r = 0;
+    for (int32_t b = 0; b < bt->B; b++) {
+        const int32_t *table = c->block_table + (size_t)bt->req[b] * c->MB;
+        for (int32_t i = 0; i < bt->n_rows[b]; i++, r++) {
+            const int32_t slot = start[b] + i;
+            float *dst = pool + ((int64_t)table[slot / KDT_CACHE_BLOCK] * KDT_CACHE_BLOCK + slot % KDT_CACHE_BLOCK) * Dqk;
+            memcpy(dst, w->ckv + r * Dqk, (size_t)Dqk * sizeof(float));
+        }
+    }
+    /* verify_attn per request: a tree in one call, a chain in causal chunks of at most
+     * KDT_MODEL_MAX_TREE rows, each seeing the rows before it. */
+    const int64_t maxq = R < KDT_MODEL_MAX_TREE ? R : KDT_MODEL_MAX_TREE;
+    r = 0;
+    int64_t mask_off = 0;
+    for (int32_t b = 0; b < bt->B; b++) {
+        const int32_t n = bt->n_rows[b];
+        for (int32_t s0 = 0; s0 < n;) {
+            const int32_t q_len = bt->tree_mask ? n : (n - s0 < maxq ? n - s0 : (int32_t)maxq);
+            const int32_t kv_len = start[b] + s0 + q_len;
+            const uint8_t *mask = bt->tree_mask ? bt->tree_mask + mask_off : w->causal;
+            if (!bt->tree_mask)
+                for (int32_t i = 0; i < q_len; i++)
+                    for (int32_t j = 0; j < q_len; j++) w->causal[(int64_t)i * q_len + j] = j <= i;
+            kdt_verify_attn_params p = {.B = 1, .Q = q_len, .H = H, .Dv = Dv, .Dr = rd, .dtype = KDT_F32,
+                                        .q = w->qabs + (r + s0) * H * Dqk, .kv_cache = pool, .NB = c->NB,
+                                        .BS = KDT_CACHE_BLOCK, .block_table = c->block_table + (size_t)bt->req[b] * c->MB,
+                                        .MB = c->MB, .kv_len = &kv_len, .tree_mask = mask, .sm_scale = (float)cf->softmax_scale,
+                                        .o = w->olat + (r + s0) * H * Dv, .lse = w->lse + (r + s0) * H};
+            kdt_status s = kdt_verify_attn(&p, KDT_BACKEND_CPU, NULL);
+            if (s != KDT_OK) return s;
+            s0 += q_len;
+        }
+        if (bt->tree_mask) mask_off += (int64_t)n * n;
+        r += n;
+    }
+    /* W_UV per head on the latent output, then o_proj. */
+    for (r = 0; r < R; r++)
+        for (int32_t hh = 0; hh < H; hh++) {
+            const float *wuv = L->kv_b + ((int64_t)hh * (nope + vd) + nope) * Dv; /* [vd, Dv] */
+            linear(w->olat + (r * H + hh) * Dv, 1, Dv, wuv, vd, w->ov + (r * H + hh) * vd);
+        }
+    linear(w->ov, R, H * vd, L->o, hid, w->h);
+    return KDT_OK;
+}
+
+/* An MLP (dense layer or shared experts): y [R, hidden] = down(silu(gate x) * up x). */
+static void mlp(const kdt_mlp_w *p, const float *x, int64_t R, int32_t hid, ws *w, float *y) {
+    linear(x, R, hid, p->gate, p->inter, w->ge);
+    linear(x, R, hid, p->up, p->inter, w->ue);
+    for (int64_t i = 0; i < R * p->inter; i++) w->ge[i] = silu(w->ge[i]) * w->ue[i];
+    linear(w->ge, R, p->inter, p->down, hid, y);
+}
+
+/* Selection as transformers' DeepseekV3TopkRouter: sigmoid scores, plus the correction bias for
+ * choosing only; groups ranked by the sum of their two best biased scores; the best topk_group
+ * groups kept; the best num_experts_per_tok experts among them; weights are the unbiased scores,
+ * normalized when norm_topk_prob, times routed_scaling_factor. Ties go to the lower index. */
+static void route(const kdt_model_config *c, const kdt_layer_w *L, const float *x, float *tmp, uint8_t *gsel, int32_t *idx,
+                  float *wt) {
+    const int32_t E = c->n_routed_experts, G = c->n_group, per = E / G, K = c->num_experts_per_tok;
+    float *score = tmp, *choice = tmp + E;
+    linear(x, 1, c->hidden_size, L->router, E, score);
+    for (int32_t e = 0; e < E; e++) {
+        score[e] = 1.0f / (1.0f + expf(-score[e]));
+        choice[e] = score[e] + L->router_bias[e];
+    }
+    memset(gsel, 0, (size_t)G);
+    for (int32_t kept = 0; kept < c->topk_group; kept++) {
+        int32_t best = -1;
+        float best_s = 0;
+        for (int32_t g = 0; g < G; g++) {
+            if (gsel[g]) continue;
+            float t1 = -INFINITY, t2 = -INFINITY;
+            for (int32_t e = g * per; e < (g + 1) * per; e++) {
+                if (choice[e] > t1) { t2 = t1; t1 = choice[e]; }
+                else if (choice[e] > t2) t2 = choice[e];
+            }
+            const float gs = per >= 2 ? t1 + t2 : t1;
+            if (best < 0 || gs > best_s) { best = g; best_s = gs; }
+        }
+        gsel[best] = 1;
+    }
+    float sum = 0;
+    for (int32_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            if (!gsel[e / per]) continue;
+            int taken = 0;
+            for (int32_t j = 0; j < k && !taken; j++) taken = idx[j] == e;
+            if (!taken && (best < 0 || choice[e] > choice[best])) best = e;
+        }
+        idx[k] = best;
+        wt[k] = score[best];
+        sum += wt[k];
+    }
+    for (int32_t k = 0; k < K; k++) {
+        if (c->norm_topk_prob) wt[k] /= sum + 1e-20f;
+        wt[k] *= c->routed_scaling_factor;
+    }
+}
+
+/* MoE of layer l: x [R, hidden] in (w->h), out added to y [R, hidden]. Rows are grouped by
+ * expert so each expert's weights are read once per call. */
+static void moe(const kdt_model *m, const kdt_layer_w *L, int64_t R, ws *w, float *y) {
+    const kdt_model_config *c = &m->cfg;
+    const int32_t hid = c->hidden_size, I = c->moe_intermediate_size, K = c->num_experts_per_tok;
+    for (int64_t r = 0; r < R; r++) route(c, L, w->h + r * hid, w->tmp, w->gsel, w->gate_i + r * K, w->gate_w + r * K);
+    for (int32_t e = 0; e < c->n_routed_experts; e++) {
+        int64_t n = 0;
+        for (int64_t r = 0; r < R; r++)
+            for (int32_t k = 0; k < K; k++)
+                if (w->gate_i[r * K + k] == e) {
+                    w->rows[n] = (int32_t)(r * K + k);
+                    memcpy(w->xe + n * hid, w->h + r * hid, (size_t)hid * sizeof(float));
+                    n++;
+                }
+        if (!n) continue;
+        const kdt_mlp_w ex = {.gate = L->exp_gate + (int64_t)e * I * hid, .up = L->exp_up + (int64_t)e * I * hid,
+                              .down = L->exp_down + (int64_t)e * hid * I, .inter = I};
+        mlp(&ex, w->xe, n, hid, w, w->ye);
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t r = w->rows[j] / K;
+            const float g = w->gate_w[w->rows[j]];
+            for (int32_t i = 0; i < hid; i++) y[r * hid + i] += w->ye[j * hid + i] * g;
+        }
+    }
+    if (L->shared.inter) {
+        mlp(&L->shared, w->h, R, hid, w, w->ye);
+        for (int64_t i = 0; i < R * hid; i++) y[i] += w->ye[i];
+    }
+}
+
+kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *bt, const int32_t *start, const int32_t *pos,
+                           float *logits, float *hidden) {
+    const kdt_model_config *cf = &m->cfg;
+    const int32_t hid = cf->hidden_size;
+    int64_t R = 0;
+    for (int32_t b = 0; b < bt->B; b++) R += bt->n_rows[b];
+    ws w;
+    kdt_status s = ws_alloc(&w, cf, R);
+    if (s != KDT_OK) return s;
+    rope_tables(m, pos, R, &w);
+    for (int64_t r = 0; r < R; r++) memcpy(w.x + r * hid, m->embed + (int64_t)bt->tokens[r] * hid, (size_t)hid * sizeof(float));
+    for (int32_t l = 0; l < cf->num_hidden_layers && s == KDT_OK; l++) {
+        const kdt_layer_w *L = &m->layers[l];
+        for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, L->attn_norm, hid, cf->rms_norm_eps, w.h + r * hid);
+        if ((s = attention(m, c, l, bt, start, R, &w)) != KDT_OK) break;
+        for (int64_t i = 0; i < R * hid; i++) w.x[i] += w.h[i];
+        for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, L->ffn_norm, hid, cf->rms_norm_eps, w.h + r * hid);
+        if (L->is_moe) {
+            moe(m, L, R, &w, w.x);
+        } else {
+            mlp(&L->dense, w.h, R, hid, &w, w.ye);
+            for (int64_t i = 0; i < R * hid; i++) w.x[i] += w.ye[i];
+        }
+    }
+    if (s == KDT_OK) {
+        for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, m->final_norm, hid, cf->rms_norm_eps, w.h + r * hid);
+        if (hidden) memcpy(hidden, w.h, (size_t)(R * hid) * sizeof(float));
+        if (logits && bt->logits_rows == KDT_LOGITS_ALL) {
+            linear(w.h, R, hid, m->lm_head, cf->vocab_size, logits);
+        } else if (logits) {
+            for (int32_t b = 0, end = 0; b < bt->B; b++) {
+                end += bt->n_rows[b];
+                linear(w.h + (int64_t)(end - 1) * hid, 1, hid, m->lm_head, cf->vocab_size, logits + (int64_t)b * cf->vocab_size);
+            }
+        }
+    }
+    ws_free(&w);
+    return s;
+}

@@ -1,0 +1,212 @@
+/* Loading a model folder: config.json, then every tensor the config calls for, checked for
+ * presence, dtype and shape, converted to f32 for the CPU backend. Experts come one tensor per
+ * expert (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight, the hub's layout) or fused
+ * (model.layers.L.mlp.experts.gate_up_proj [E, 2I, hidden], gate rows first, and
+ * model.layers.L.mlp.experts.down_proj [E, hidden, I], transformers 5's), chosen per layer. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/internal.h"
+#include "model/internal.h"
+#include "model/safetensors.h"
+
+typedef struct loader {
+    kdt_model *m;
+    const kdt_st *st;
+    const char *dir;
+} loader;
+
+static void shape_str(int nd, const int64_t *d, char *out, size_t cap) {
+    int n = snprintf(out, cap, "[");
+    for (int i = 0; i < nd && n < (int)cap; i++) n += snprintf(out + n, cap - n, "%s%lld", i ? ", " : "", (long long)d[i]);
+    if (n < (int)cap) snprintf(out + n, cap - n, "]");
+}
+
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023;
+    uint32_t bits;
+    if (exp == 31) bits = sign | 0x7F800000u | man << 13;
+    else if (exp) bits = sign | (exp + 112) << 23 | man << 13;
+    else if (!man) bits = sign;
+    else { /* subnormal: man * 2^-24, exact in f32 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* numel elements of t from element `from`, as f32, into dst (the data may be unaligned). */
+static void convert(const kdt_st_tensor *t, uint64_t from, uint64_t numel, float *dst) {
+    const unsigned char *src = (const unsigned char *)t->data + from * kdt_dtype_size(t->dtype);
+    if (t->dtype == KDT_F32) { memcpy(dst, src, numel * 4); return; }
+    for (uint64_t i = 0; i < numel; i++) {
+        uint16_t v;
+        memcpy(&v, src + 2 * i, 2);
+        if (t->dtype == KDT_F16) dst[i] = half_to_float(v);
+        else {
+            uint32_t bits = (uint32_t)v << 16;
+            memcpy(&dst[i], &bits, 4);
+        }
+    }
+}
+
+/* The tensor `name`, which must have shape d[0 .. nd) and a float dtype. */
+static kdt_status find(const loader *ld, const char *name, int nd, const int64_t *d, const kdt_st_tensor **out) {
+    char want[128];
+    shape_str(nd, d, want, sizeof want);
+    const kdt_st_tensor *t = kdt_st_find(ld->st, name);
+    if (!t) return kdt_fail(KDT_ERR_NOT_FOUND, "%s: tensor '%s' is missing (expected shape %s)", ld->dir, name, want);
+    if (t->dtype != KDT_F32 && t->dtype != KDT_BF16 && t->dtype != KDT_F16)
+        return kdt_fail(KDT_ERR_DTYPE, "%s: tensor '%s' has dtype %s, expected F32, BF16 or F16", t->file, name, t->dtype_name);
+    int same = t->ndim == nd;
+    for (int i = 0; same && i < nd; i++) same = t->dims[i] == (uint64_t)d[i];
+    if (!same) {
+        int64_t got[KDT_ST_MAX_NDIM];
+        for (int i = 0; i < t->ndim; i++) got[i] = (int64_t)t->dims[i];
+        char have[128];
+        shape_str(t->ndim, got, have, sizeof have);
+        return kdt_fail(KDT_ERR_SHAPE, "%s: tensor '%s' has shape %s, expected %s", t->file, name, have, want);
+    }
+    *out = t;
+    return KDT_OK;
+}
+
+/* Loads `name` [d...] into a new f32 buffer owned by the model. */
+static kdt_status load(const loader *ld, const char *name, int nd, const int64_t *d, const float **out) {
+    const kdt_st_tensor *t;
+    kdt_status s = find(ld, name, nd, d, &t);
+    if (s != KDT_OK) return s;
+    float *buf = kdt_model_buf(ld->m, (size_t)t->numel);
+    if (!buf) return kdt_fail(KDT_ERR_NOMEM, "%s: out of memory loading tensor '%s'", ld->dir, name);
+    convert(t, 0, t->numel, buf);
+    *out = buf;
+    return KDT_OK;
+}
+
+#define D1(a) 1, (const int64_t[]){a}
+#define D2(a, b) 2, (const int64_t[]){a, b}
+#define D3(a, b, c) 3, (const int64_t[]){a, b, c}
+
+static kdt_status load_mlp(const loader *ld, const char *prefix, int32_t hid, int32_t inter, kdt_mlp_w *w) {
+    char n[256];
+    kdt_status s;
+    w->inter = inter;
+    snprintf(n, sizeof n, "%s.gate_proj.weight", prefix);
+    if ((s = load(ld, n, D2(inter, hid), &w->gate))) return s;
+    snprintf(n, sizeof n, "%s.up_proj.weight", prefix);
+    if ((s = load(ld, n, D2(inter, hid), &w->up))) return s;
+    snprintf(n, sizeof n, "%s.down_proj.weight", prefix);
+    return load(ld, n, D2(hid, inter), &w->down);
+}
+
+/* Routed experts of layer l into [E, I, hidden] gate and up and [E, hidden, I] down. */
+static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
+    const kdt_model_config *c = &ld->m->cfg;
+    const int64_t E = c->n_routed_experts, I = c->moe_intermediate_size, hid = c->hidden_size;
+    float *gate = kdt_model_buf(ld->m, (size_t)(E * I * hid)), *up = kdt_model_buf(ld->m, (size_t)(E * I * hid));
+    float *down = kdt_model_buf(ld->m, (size_t)(E * hid * I));
+    if (!gate || !up || !down) return kdt_fail(KDT_ERR_NOMEM, "%s: out of memory for the experts of layer %d", ld->dir, l);
+    w->exp_gate = gate;
+    w->exp_up = up;
+    w->exp_down = down;
+    char n[256];
+    kdt_status s;
+    const kdt_st_tensor *t;
+    snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    if (kdt_st_find(ld->st, n)) {
+        if ((s = find(ld, n, D3(E, 2 * I, hid), &t))) return s;
+        for (int64_t e = 0; e < E; e++) {
+            convert(t, (uint64_t)(e * 2 * I * hid), (uint64_t)(I * hid), gate + e * I * hid);
+            convert(t, (uint64_t)((e * 2 + 1) * I * hid), (uint64_t)(I * hid), up + e * I * hid);
+        }
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
+        if ((s = find(ld, n, D3(E, hid, I), &t))) return s;
+        convert(t, 0, t->numel, down);
+        return KDT_OK;
+    }
+    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int64_t e = 0; e < E; e++)
+        for (int k = 0; k < 3; k++) {
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s.weight", l, (long long)e, proj[k]);
+            if ((s = k < 2 ? find(ld, n, D2(I, hid), &t) : find(ld, n, D2(hid, I), &t))) {
+                if (s == KDT_ERR_NOT_FOUND && e == 0 && k == 0)
+                    return kdt_fail(s, "%s: layer %d: experts missing: neither model.layers.%d.mlp.experts.gate_up_proj "
+                                    "(fused) nor %s (one tensor per expert) is there", ld->dir, l, l, n);
+                return s;
+            }
+            convert(t, 0, t->numel, (k == 0 ? gate : k == 1 ? up : down) + e * I * hid);
+        }
+    return KDT_OK;
+}
+
+static kdt_status load_layer(const loader *ld, int32_t l) {
+    const kdt_model_config *c = &ld->m->cfg;
+    kdt_layer_w *w = &ld->m->layers[l];
+    const int32_t hid = c->hidden_size, H = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    char n[256], p[96];
+    kdt_status s;
+    snprintf(p, sizeof p, "model.layers.%d", l);
+#define NAME(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
+    if ((s = load(ld, NAME("input_layernorm.weight"), D1(hid), &w->attn_norm)) ||
+        (s = load(ld, NAME("post_attention_layernorm.weight"), D1(hid), &w->ffn_norm)))
+        return s;
+    if (c->q_lora_rank) {
+        if ((s = load(ld, NAME("self_attn.q_a_proj.weight"), D2(c->q_lora_rank, hid), &w->q_a)) ||
+            (s = load(ld, NAME("self_attn.q_a_layernorm.weight"), D1(c->q_lora_rank), &w->q_a_norm)) ||
+            (s = load(ld, NAME("self_attn.q_b_proj.weight"), D2((int64_t)H * qk, c->q_lora_rank), &w->q_b)))
+            return s;
+    } else if ((s = load(ld, NAME("self_attn.q_proj.weight"), D2((int64_t)H * qk, hid), &w->q_proj))) {
+        return s;
+    }
+    if ((s = load(ld, NAME("self_attn.kv_a_proj_with_mqa.weight"), D2(c->kv_lora_rank + c->qk_rope_head_dim, hid), &w->kv_a)) ||
+        (s = load(ld, NAME("self_attn.kv_a_layernorm.weight"), D1(c->kv_lora_rank), &w->kv_a_norm)) ||
+        (s = load(ld, NAME("self_attn.kv_b_proj.weight"), D2((int64_t)H * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank),
+                  &w->kv_b)) ||
+        (s = load(ld, NAME("self_attn.o_proj.weight"), D2(hid, (int64_t)H * c->v_head_dim), &w->o)))
+        return s;
+    w->is_moe = kdt_layer_is_moe(c, l);
+    if (!w->is_moe) return load_mlp(ld, NAME("mlp"), hid, c->intermediate_size, &w->dense);
+    if ((s = load(ld, NAME("mlp.gate.weight"), D2(c->n_routed_experts, hid), &w->router)) ||
+        (s = load(ld, NAME("mlp.gate.e_score_correction_bias"), D1(c->n_routed_experts), &w->router_bias)) ||
+        (s = load_experts(ld, l, w)))
+        return s;
+    if (c->n_shared_experts == 0) return KDT_OK;
+    return load_mlp(ld, NAME("mlp.shared_experts"), hid, c->moe_intermediate_size * c->n_shared_experts, &w->shared);
+#undef NAME
+}
+
+kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_model **out) {
+    if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load: out is NULL");
+    *out = NULL;
+    if (!dir) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load: dir is NULL");
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: path too long", dir);
+    char *text;
+    size_t len;
+    kdt_status s = kdt_read_text(path, &text, &len);
+    if (s != KDT_OK) return s;
+    kdt_model_config cfg;
+    s = kdt_model_config_parse(text, len, path, &cfg);
+    free(text);
+    if (s != KDT_OK) return s;
+    kdt_model *m;
+    if ((s = kdt_model_alloc(&m, &cfg, backend)) != KDT_OK) return s;
+    kdt_st *st;
+    if ((s = kdt_st_open_dir(dir, &st)) != KDT_OK) { kdt_model_free(m); return s; }
+    const loader ld = {.m = m, .st = st, .dir = dir};
+    const int64_t V = cfg.vocab_size, hid = cfg.hidden_size;
+    s = load(&ld, "model.embed_tokens.weight", D2(V, hid), &m->embed);
+    if (s == KDT_OK) s = load(&ld, "model.norm.weight", D1(hid), &m->final_norm);
+    if (s == KDT_OK && cfg.tie_word_embeddings) m->lm_head = m->embed;
+    else if (s == KDT_OK) s = load(&ld, "lm_head.weight", D2(V, hid), &m->lm_head);
+    for (int32_t l = 0; l < cfg.num_hidden_layers && s == KDT_OK; l++) s = load_layer(&ld, l);
+    if (s == KDT_OK) s = kdt_model_finish(m);
+    kdt_st_close(st);
+    if (s != KDT_OK) { kdt_model_free(m); return s; }
+    *out = m;
+    return KDT_OK;
+}
