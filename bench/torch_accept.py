@@ -1,5 +1,5 @@
 """Baseline for tree_accept: the SPEC 2.3 greedy rule in vectorized torch (no Python loop over
-requests; one loop over depth steps, stopping when no request moved), timed with
+requests; one loop over the tree's depth, no host sync inside), timed with
 torch.cuda.Event for the B x N grid of bench/bench_accept.cu.
 
     python3 bench/torch_accept.py [--kdt build/kdt] [--iters 100] [--out FILE]
@@ -29,8 +29,9 @@ except ImportError:
     sys.exit(0)
 
 
-def torch_accept(tok, par, num, pred):
-    """SPEC 2.3 on [B, Q] int32 CUDA tensors: (accept_len, accept_index, accept_tokens, status)."""
+def torch_accept(tok, par, num, pred, steps):
+    """SPEC 2.3 on [B, Q] int32 CUDA tensors: (accept_len, accept_index, accept_tokens, status).
+    `steps` bounds the walk (the tree's depth, which a serving stack knows); no host sync inside."""
     B, Q = tok.shape
     ar = torch.arange(Q, device=tok.device, dtype=torch.int32)
     n_ok = (num >= 0) & (num <= Q - 1)
@@ -39,29 +40,34 @@ def torch_accept(tok, par, num, pred):
     bad = (node & ((par < 0) | (par >= ar))).any(1)
     status = torch.where(~n_ok, 1, torch.where(bad, 2, 0)).to(torch.int32)
     node &= (status == 0)[:, None]
-    rows = torch.arange(B, device=tok.device)
-    cur = torch.zeros(B, dtype=torch.int64, device=tok.device)
-    alive = status == 0
+    cur = torch.zeros(B, 1, dtype=torch.int64, device=tok.device)
+    alive = (status == 0)[:, None]
     index = torch.full((B, Q), -1, dtype=torch.int32, device=tok.device)
     index[:, 0] = 0
-    length = torch.zeros(B, dtype=torch.int64, device=tok.device)
-    for _ in range(Q - 1):
-        hit = node & (par == cur[:, None]) & (tok == pred[rows, cur][:, None])
-        nxt = torch.where(hit, ar, Q).amin(1)  # the lowest-index matching child, Q if none
-        found = alive & (nxt < Q)
-        if not bool(found.any()):  # one sync a step: stops after the longest accepted path
-            break
-        cur = torch.where(found, nxt.long(), cur)
-        length += found
-        index[rows[found], length[found]] = cur[found].to(torch.int32)
-        alive = found
+    length = torch.zeros(B, 1, dtype=torch.int64, device=tok.device)
+    for _ in range(steps):
+        hit = node & (par == cur) & (tok == pred.gather(1, cur))
+        nxt = torch.where(hit, ar, Q).amin(1, keepdim=True)  # the lowest-index matching child, Q if none
+        alive = alive & (nxt < Q)
+        cur = torch.where(alive, nxt.long(), cur)
+        length += alive
+        index.scatter_(1, length, cur.to(torch.int32))  # a request that stopped rewrites its last node
     tokens = torch.full((B, Q), -1, dtype=torch.int32, device=tok.device)
-    lens = length[:, None]
-    prev_nodes = torch.gather(index, 1, (ar[None, :].long() + 1).clamp(max=Q - 1).expand(B, Q))
-    body = ar[None, :] < lens
-    tokens = torch.where(body, torch.gather(tok, 1, prev_nodes.clamp(min=0).long()), tokens)
-    tokens[rows, length] = pred[rows, cur]
-    return length.to(torch.int32), index, tokens, status
+    next_nodes = index.gather(1, (ar[None, :].long() + 1).clamp(max=Q - 1).expand(B, Q))
+    body = ar[None, :] < length
+    tokens = torch.where(body, tok.gather(1, next_nodes.clamp(min=0).long()), tokens)
+    tokens.scatter_(1, length, pred.gather(1, cur))
+    return length.squeeze(1).to(torch.int32), index, tokens, status
+
+
+def tree_depth(par, num):
+    """Deepest node of the well-formed requests (host side, before timing): the walk's bound."""
+    depth, best = np.zeros(par.shape, np.int64), 0
+    for b in range(par.shape[0]):
+        for c in range(1, int(num[b]) + 1):
+            depth[b, c] = depth[b, par[b, c]] + 1
+        best = max(best, int(depth[b].max()))
+    return best
 
 
 def make_trees(rng, B, N):
@@ -88,7 +94,7 @@ def check(kdt, dev):
     tok, par, num, pred = make_trees(rng, 64, 64)
     num[3], num[5], par[7, 9], par[11, 20] = -1, 65, 9, 70  # malformed requests beside good ones
     ref = accept_reference(tok, par, num, pred)
-    got = torch_accept(*(torch.from_numpy(a).to(dev) for a in (tok, par, num, pred)))
+    got = torch_accept(*(torch.from_numpy(a).to(dev) for a in (tok, par, num, pred)), steps=tok.shape[1] - 1)
     names = ("accept_len", "accept_index", "accept_tokens", "status")
     for name, g in zip(names, got):
         if not np.array_equal(g.cpu().numpy(), ref[name]):
@@ -127,23 +133,25 @@ def main():
              f"- command: `{' '.join(sys.argv)}`",
              f"- check: {check(args.kdt, dev)}",
              f"- time: average of {args.iters} back-to-back calls between two torch.cuda.Events, microseconds\n",
-             "| B | N | mean accept | torch us |", "|---|---|---|---|"]
+             "| B | N | tree depth | mean accept | torch us |", "|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     rng = np.random.default_rng(1)
     for B in (1, 8, 64, 256):
         for N in (16, 64, 256, 1024):
-            inputs = [torch.from_numpy(a).to(dev) for a in make_trees(rng, B, N)]
-            out = torch_accept(*inputs)
+            trees = make_trees(rng, B, N)
+            steps = tree_depth(trees[1], trees[2])
+            inputs = [torch.from_numpy(a).to(dev) for a in trees]
+            out = torch_accept(*inputs, steps)
             for _ in range(3):
-                torch_accept(*inputs)
+                torch_accept(*inputs, steps)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(args.iters):
-                torch_accept(*inputs)
+                torch_accept(*inputs, steps)
             end.record()
             torch.cuda.synchronize()
             us = start.elapsed_time(end) * 1000 / args.iters
-            row = f"| {B} | {N} | {out[0].float().mean().item():.2f} | {us:.1f} |"
+            row = f"| {B} | {N} | {steps} | {out[0].float().mean().item():.2f} | {us:.1f} |"
             print(row, flush=True)
             lines.append(row)
     if args.out:

@@ -18,6 +18,7 @@
 #include <climits>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/sm90/verify_attn_sm90.h"
 #include "ops/backends.h"
 
 namespace {
@@ -376,6 +377,9 @@ kdt_status launch_dtype(const kdt_verify_attn_params *p, cudaStream_t stream) {
 /* The CUDA dispatch point: a kernel for a narrower case (issue 6: sm_90a, bf16, Dv 512 / Dr 64)
  * goes first, here; the general kernel of this file takes every call it leaves. */
 extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream) {
+    int handled = 0;
+    kdt_status st = kdt_verify_attn_sm90(p, stream, &handled);
+    if (st != KDT_OK || handled) return st;
     if (p->Dv > kMaxDv)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "verify_attn cuda: Dv = %d, the general kernel takes at most %d", p->Dv, kMaxDv);
     cudaStream_t s = (cudaStream_t)stream;
