@@ -54,7 +54,7 @@ fi
 
 if has sanitize; then
     for t in "$BUILD"/tests/test_tree_build "$BUILD"/tests/test_tree_accept "$BUILD"/tests/test_kv_commit \
-             "$BUILD"/tests/test_verify_attn "$BUILD"/tests/test_verify_attn_fast; do
+             "$BUILD"/tests/test_verify_attn "$BUILD"/tests/test_verify_attn_fast "$BUILD"/tests/test_model_cuda; do
         [ -x "$t" ] || continue
         n=$(basename "$t")
         KDT_TEST_DATA="$BUILD/data" step "sanitize_$n" 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$t"
@@ -64,13 +64,17 @@ fi
 
 if has bench; then
     b="$BUILD/bench"
-    [ -x "$b/bench_tree_build" ] && step bench_tree_build 300 "$b/bench_tree_build" --out "$OUT/bench_tree_build.md"
-    [ -x "$b/bench_accept" ] && step bench_accept 300 "$b/bench_accept" --out "$OUT/bench_accept.md"
-    [ -f bench/torch_accept.py ] && step torch_accept 300 python3 bench/torch_accept.py --kdt "$BUILD/kdt" --out "$OUT/torch_accept.md"
-    [ -x "$b/bench_verify_attn" ] && step bench_verify_attn 400 "$b/bench_verify_attn" --out "$OUT/bench_verify_attn.md"
-    [ -f bench/torch_sdpa_verify.py ] && step torch_sdpa_verify 300 python3 bench/torch_sdpa_verify.py --out "$OUT/torch_sdpa_verify.md"
+    [ -x "$b/bench_tree_build" ] && step bench_tree_build 120 "$b/bench_tree_build" --out "$OUT/bench_tree_build.md"
+    [ -x "$b/bench_accept" ] && step bench_accept 120 "$b/bench_accept" --out "$OUT/bench_accept.md"
+    [ -f bench/torch_accept.py ] && step torch_accept 120 python3 bench/torch_accept.py --kdt "$BUILD/kdt" --out "$OUT/torch_accept.md"
+    [ -f bench/torch_sdpa_verify.py ] && step torch_sdpa_verify 120 python3 bench/torch_sdpa_verify.py --csv "$OUT/torch_sdpa_verify.csv"
+    [ -x "$b/bench_verify_attn" ] && step bench_verify_attn 240 "$b/bench_verify_attn" --torch-csv "$OUT/torch_sdpa_verify.csv" \
+        --out "$OUT/bench_verify_attn.md" --csv "$OUT/verify_attn.csv" \
+        && step plot_verify_attn 60 python3 bench/plot_verify_attn.py "$OUT/verify_attn.csv" --out "$OUT/verify_attn.png"
     [ -f bench/peer_bench.py ] && KDT_LIB="$PWD/$BUILD/libkdt.so" PYTHONPATH="$PWD/python" \
-        step peer_bench 400 python3 bench/peer_bench.py --out "$OUT/peer_bench.md"
+        step peer_bench 200 python3 bench/peer_bench.py --out "$OUT/peer_bench.md"
+    [ -x "$b/bench_model" ] && step bench_model 200 "$b/bench_model" --out "$OUT/bench_model.md"
+    [ -x "$b/bench_spec" ] && step bench_spec 240 "$b/bench_spec" --out "$OUT/bench_spec.md"
 fi
 
 tar -czf "$OUT/results.tgz" -C "$OUT" logs $(cd "$OUT" && ls *.md *.csv *.png 2>/dev/null)

@@ -1,7 +1,8 @@
 /* The model against transformers: for every fixture of tests/fixtures/model/ (made by
  * python/make_fixtures.py), the CPU logits of prompt + greedy continuation within 1e-4 relative
  * L2 of transformers' and the 32-token greedy continuation identical; a verification tree with
- * decoy branches and kv_commit after it; the built-in model's batching and chunked prefill; and
+ * decoy branches and kv_commit after it; the bf16 emulation (the CUDA bf16 path's reference)
+ * near transformers' prompt logits; the built-in model's batching and chunked prefill; and
  * corrupt or mismatched checkpoints, made here from a good fixture, each failing with a message
  * that names the tensor, field or file. */
 #include <dirent.h>
@@ -139,6 +140,42 @@ static void check_fixture(const char *dir) {
     free(got);
     free(gen);
 done:
+    kdt_cache_free(c);
+    kdt_model_free(m);
+    kdt_kdtr_close(exp);
+}
+
+/* The CPU's bf16 emulation (the reference of the CUDA bf16 path): the prompt's logits move off
+ * the f32 ones by bf16 rounding (more than 1e-4) but stay within 2e-2 of transformers' (on these
+ * fixtures the prompts' rows meet no router near-tie: docs/model.md). */
+static void check_bf16_emulation(const char *dir) {
+    const char *name = kt_basename(dir);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/expected.kdtr", dir);
+    kdt_kdtr *exp = NULL;
+    kdt_model *m = NULL;
+    kdt_cache *c = NULL;
+    kdt_tensor_view prompt, want;
+    float *got = NULL;
+    kdt_status s = kdt_kdtr_open_file(path, &exp);
+    if (s == KDT_OK) s = kdt_kdtr_find_typed(exp, "prompt", KDT_I32, 1, NULL, &prompt);
+    if (s == KDT_OK) s = kdt_kdtr_find_typed(exp, "logits", KDT_F32, 2, NULL, &want);
+    if (s == KDT_OK) s = kdt_model_load_as(dir, KDT_BACKEND_CPU, KDT_BF16, &m);
+    const int32_t P = s == KDT_OK ? (int32_t)prompt.numel : 0, V = s == KDT_OK ? (int32_t)want.dims[1] : 0;
+    if (s == KDT_OK) s = kdt_cache_create(m, 1, P, 0, &c);
+    if (s == KDT_OK && !(got = malloc((size_t)P * V * sizeof(float)))) s = KDT_ERR_NOMEM;
+    if (s == KDT_OK) s = fwd(m, c, 0, P, prompt.data, NULL, NULL, got);
+    kdt_cache_layer_view view;
+    if (s == KDT_OK) s = kdt_cache_layer(c, 0, &view);
+    if (s != KDT_OK) {
+        kt_fail("model %s bf16 emulation: %s", name, kdt_last_error());
+    } else {
+        const double e = rel_l2(got, want.data, (size_t)P * V);
+        kt_check(e > 1e-4 && e <= 2e-2 && kdt_model_dtype(m) == KDT_BF16 && view.dtype == KDT_F32,
+                 "model %s: CPU bf16 emulation: prompt logits vs transformers rel L2 %.2e (rounded: > 1e-4; <= 2e-2), cache "
+                 "stored as %s", name, e, kdt_dtype_name(view.dtype));
+    }
+    free(got);
     kdt_cache_free(c);
     kdt_model_free(m);
     kdt_kdtr_close(exp);
@@ -540,6 +577,7 @@ int main(void) {
     const char *good = NULL, *sharded = NULL;
     for (size_t i = 0; i < n; i++) {
         check_fixture(dirs[i]);
+        check_bf16_emulation(dirs[i]);
         if (strcmp(kt_basename(dirs[i]), "yarn") == 0) good = dirs[i];
         if (strcmp(kt_basename(dirs[i]), "sharded") == 0) sharded = dirs[i];
     }

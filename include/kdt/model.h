@@ -55,13 +55,21 @@ typedef struct kdt_cache kdt_cache;
 /* Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from
  * dir. f32, bf16 and f16 weights; experts one tensor per expert (the hub's layout) or fused
  * (transformers 5). Every missing tensor, wrong shape or bad field fails with a message naming
- * the file, tensor or field. KDT_BACKEND_CUDA: KDT_ERR_UNSUPPORTED for now. */
+ * the file, tensor or field. KDT_BACKEND_CPU computes in f32, KDT_BACKEND_CUDA in bf16 (weights,
+ * activations between GEMMs and the KV cache in bf16; accumulation, norms, the residual stream
+ * and the router in f32). */
 KDT_API kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_model **out);
 /* The built-in model (Kimi K2's layout scaled down: see src/model/builtin.c), made from seed. */
 KDT_API kdt_status kdt_model_builtin(uint64_t seed, kdt_backend backend, kdt_model **out);
+/* As the two above with the compute dtype chosen: KDT_F32 (on CUDA too: f32 weights, activations
+ * and cache, for lossless checks against the CPU) or KDT_BF16 (on the CPU an emulation, f32
+ * arithmetic rounded to bf16 wherever the CUDA backend stores bf16: the CUDA path's reference). */
+KDT_API kdt_status kdt_model_load_as(const char *dir, kdt_backend backend, kdt_dtype dtype, kdt_model **out);
+KDT_API kdt_status kdt_model_builtin_as(uint64_t seed, kdt_backend backend, kdt_dtype dtype, kdt_model **out);
 KDT_API void       kdt_model_free(kdt_model *m);
 KDT_API const kdt_model_config *kdt_model_get_config(const kdt_model *m);
 KDT_API kdt_backend kdt_model_backend(const kdt_model *m);
+KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (also the cache's) */
 /* Parses a config.json text (what kdt_model_load does first); `what` names it in messages. */
 KDT_API kdt_status kdt_model_config_parse(const char *json, size_t len, const char *what, kdt_model_config *out);
 
@@ -90,7 +98,7 @@ KDT_API kdt_status kdt_cache_layer(const kdt_cache *c, int32_t layer, kdt_cache_
 /* After a verification forward that appended Q tree rows for each of B requests: moves each
  * request's accepted path (tree_accept's accept_index [B, Q] and accept_len [B]) right after
  * its prefix in every layer through kdt_kv_commit, and shortens the request to prefix + 1 +
- * accept_len rows. */
+ * accept_len rows. Host memory for every pointer, whatever the backend. */
 KDT_API kdt_status kdt_cache_commit(kdt_cache *c, int32_t B, const int32_t *req, int32_t Q,
                                     const int32_t *accept_index, const int32_t *accept_len);
 
@@ -117,7 +125,8 @@ typedef struct kdt_batch {
  * longer than KDT_MODEL_MAX_TREE rows is attended in chunks), and writes logits ([R, vocab] or
  * [B, vocab], host, may be NULL) and the final hidden states after the last norm ([R, hidden],
  * host, may be NULL: what a drafter that reads the target's states takes). On failure no cache
- * length changes. stream: the CUDA stream (unused on CPU). */
+ * length changes. stream: the CUDA stream (unused on CPU). On CUDA, logits and hidden may also
+ * be device memory, and the call returns once they are written. */
 KDT_API kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *batch,
                                      float *logits, float *hidden, void *stream);
 

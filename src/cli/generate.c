@@ -1,14 +1,16 @@
-/* kdt generate (SPEC section 3): greedy decoding with the target model. Generated ids go to
- * stdout on one line; progress and statistics go to stderr. */
+/* kdt generate (SPEC section 3): greedy decoding with the target model, plain or speculative
+ * (kdt_spec_generate). Generated ids go to stdout, one line per prompt; progress and statistics
+ * go to stderr. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kdt/model.h"
+#include "kdt/spec.h"
 
 #define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate` without --model */
+#define MAX_PROMPTS 64
 
 int kdt_cmd_generate(int argc, char **argv);
 
@@ -45,34 +47,45 @@ static int parse_ids(const char *s, int32_t **ids, int32_t *n) {
     }
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 static int fail(const char *what, kdt_status s) {
     fprintf(stderr, "kdt generate: %s: %s (%s)\n", what, kdt_last_error(), kdt_status_name(s));
     return 1;
 }
 
 #define USAGE                                                                                           \
-    "usage: kdt generate [--model DIR] --prompt-ids 1,2,3 --max-new N [--backend cpu|cuda]\n"           \
-    "                    [--spec none|lookup|model] [--depth D] [--topk K] [--budget N]\n"              \
-    "  Greedy decoding; the generated ids go to stdout on one line. Without --model, the built-in\n"    \
-    "  model. --backend: cpu (the default until the model's CUDA backend lands). --spec other than\n"   \
-    "  none: not implemented yet (issue 9).\n"
+    "usage: kdt generate [--model DIR] --prompt-ids 1,2,3 [--prompt-ids ...] --max-new N\n"             \
+    "                    [--backend cpu|cuda] [--eos ID] [--spec none|lookup|model]\n"                  \
+    "                    [--depth D] [--topk K] [--budget N] [--draft-layers L] [--draft-model DIR]\n"  \
+    "  Greedy decoding; the generated ids go to stdout, one line per prompt (several --prompt-ids\n"    \
+    "  decode as one batch). Without --model, the built-in model. --backend: cuda where a CUDA device\n" \
+    "  is present (bf16), else cpu (f32). --eos: a token that ends its request once emitted.\n"         \
+    "  --spec: speculative decoding with greedy acceptance, the same output as none, faster when the\n" \
+    "  drafter guesses well. lookup: n-grams of the prompt and output so far; model: a draft model\n"   \
+    "  run D steps ahead. Each step drafts D positions of K candidates, verifies the best N nodes\n"    \
+    "  (default D=4, K=4, N=16) in one forward and keeps the longest confirmed path plus one token.\n"  \
+    "  --draft-layers L: the model drafter is the target's first L layers (needs --model; 0, the\n"    \
+    "  default, is the whole target: every draft token is right, the upper bound of acceptance).\n"    \
+    "  --draft-model DIR: another checkpoint with the target's vocabulary as the draft model.\n"       \
+    "  Statistics on stderr: mean accepted length (draft tokens kept per request and step), tokens/s\n" \
+    "  and the time per step split into draft, tree build, verify forward, accept and commit (on\n"    \
+    "  CUDA the split synchronizes after each phase).\n"
 
 static int usage_error(const char *msg, const char *arg) {
     fprintf(stderr, "kdt generate: %s%s%s\n%s", msg, arg ? " " : "", arg ? arg : "", USAGE);
     return 2;
 }
 
-int kdt_cmd_generate(int argc, char **argv) {
-    const char *model_dir = NULL, *ids_arg = NULL, *spec = "none";
-    long max_new = -1, depth = 4, topk = 4, budget = 16; /* speculation settings, for issue 9 */
-    kdt_backend backend = KDT_BACKEND_CPU; /* the model's CUDA backend is not written yet */
+typedef struct opts {
+    const char *model_dir, *draft_dir, *spec;
+    const char *prompts[MAX_PROMPTS];
+    int n_prompts;
+    long max_new, depth, topk, budget, draft_layers, eos;
+    kdt_backend backend;
+} opts;
+
+static int parse_opts(int argc, char **argv, opts *o) {
+    *o = (opts){.spec = "none", .max_new = -1, .depth = 4, .topk = 4, .budget = 16, .eos = -1,
+                .backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -82,84 +95,126 @@ int kdt_cmd_generate(int argc, char **argv) {
         if (strncmp(a, "--", 2) != 0) return usage_error("unexpected argument", a);
         if (i + 1 == argc) return usage_error("option needs a value:", a);
         const char *v = argv[++i];
-        if (strcmp(a, "--model") == 0) model_dir = v;
-        else if (strcmp(a, "--prompt-ids") == 0) ids_arg = v;
-        else if (strcmp(a, "--max-new") == 0) {
-            if (parse_int(v, 0, 1 << 20, &max_new)) return usage_error("--max-new takes an integer in 0 .. 1048576, not", v);
+        if (strcmp(a, "--model") == 0) o->model_dir = v;
+        else if (strcmp(a, "--draft-model") == 0) o->draft_dir = v;
+        else if (strcmp(a, "--prompt-ids") == 0) {
+            if (o->n_prompts == MAX_PROMPTS) return usage_error("at most 64 --prompt-ids, not more:", v);
+            o->prompts[o->n_prompts++] = v;
+        } else if (strcmp(a, "--max-new") == 0) {
+            if (parse_int(v, 0, 1 << 20, &o->max_new)) return usage_error("--max-new takes an integer in 0 .. 1048576, not", v);
         } else if (strcmp(a, "--backend") == 0) {
-            if (strcmp(v, "cpu") == 0) backend = KDT_BACKEND_CPU;
-            else if (strcmp(v, "cuda") == 0) backend = KDT_BACKEND_CUDA;
+            if (strcmp(v, "cpu") == 0) o->backend = KDT_BACKEND_CPU;
+            else if (strcmp(v, "cuda") == 0) o->backend = KDT_BACKEND_CUDA;
             else return usage_error("--backend takes cpu or cuda, not", v);
         } else if (strcmp(a, "--spec") == 0) {
             if (strcmp(v, "none") && strcmp(v, "lookup") && strcmp(v, "model"))
                 return usage_error("--spec takes none, lookup or model, not", v);
-            spec = v;
+            o->spec = v;
         } else if (strcmp(a, "--depth") == 0) {
-            if (parse_int(v, 1, 64, &depth)) return usage_error("--depth takes an integer in 1 .. 64, not", v);
+            if (parse_int(v, 1, 64, &o->depth)) return usage_error("--depth takes an integer in 1 .. 64, not", v);
         } else if (strcmp(a, "--topk") == 0) {
-            if (parse_int(v, 1, 64, &topk)) return usage_error("--topk takes an integer in 1 .. 64, not", v);
+            if (parse_int(v, 1, 64, &o->topk)) return usage_error("--topk takes an integer in 1 .. 64, not", v);
         } else if (strcmp(a, "--budget") == 0) {
-            if (parse_int(v, 1, 1024, &budget)) return usage_error("--budget takes an integer in 1 .. 1024, not", v);
+            if (parse_int(v, 1, 1024, &o->budget)) return usage_error("--budget takes an integer in 1 .. 1024, not", v);
+        } else if (strcmp(a, "--draft-layers") == 0) {
+            if (parse_int(v, 0, 4096, &o->draft_layers)) return usage_error("--draft-layers takes an integer in 0 .. 4096, not", v);
+        } else if (strcmp(a, "--eos") == 0) {
+            if (parse_int(v, 0, INT32_MAX, &o->eos)) return usage_error("--eos takes a token id, not", v);
         } else {
             return usage_error("unknown option", a);
         }
     }
-    if (!ids_arg) return usage_error("--prompt-ids is required", NULL);
-    if (max_new < 0) return usage_error("--max-new is required", NULL);
-    if (strcmp(spec, "none") != 0) {
-        fprintf(stderr, "kdt generate: --spec %s (depth %ld, topk %ld, budget %ld): speculative decoding is not implemented "
-                        "yet (issue 9); use --spec none\n", spec, depth, topk, budget);
-        return 1;
-    }
-    int32_t *ids = NULL, P = 0;
-    if (parse_ids(ids_arg, &ids, &P)) {
-        free(ids);
-        return usage_error("--prompt-ids takes comma-separated non-negative integers, not", ids_arg);
-    }
+    if (!o->n_prompts) return usage_error("--prompt-ids is required", NULL);
+    if (o->max_new < 0) return usage_error("--max-new is required", NULL);
+    if (o->draft_layers && !o->model_dir) return usage_error("--draft-layers needs --model (the built-in model has no checkpoint to cut)", NULL);
+    if (o->draft_layers && o->draft_dir) return usage_error("give --draft-layers or --draft-model, not both", NULL);
+    return -1; /* go on */
+}
 
-    kdt_model *m = NULL;
-    kdt_cache *c = NULL;
-    float *logits = NULL;
-    int32_t *out = malloc(((size_t)max_new + 1) * sizeof *out);
-    int rc = 0;
+/* The draft model of --spec model: another checkpoint, the target's first layers, or the
+ * target itself. */
+static kdt_status load_draft(const opts *o, kdt_model *target, kdt_model **draft) {
+    *draft = NULL;
+    if (o->draft_dir) return kdt_model_load(o->draft_dir, o->backend, draft);
+    if (o->draft_layers) return kdt_draft_model_load(o->model_dir, (int32_t)o->draft_layers, o->backend, draft);
+    *draft = target;
+    return KDT_OK;
+}
+
+/* later: the tokens after each request's first (which the prefill gives). */
+static void print_stats(const opts *o, const kdt_spec_stats *st, int64_t prompt_tokens, int64_t later) {
+    const double decode = st->t_draft + st->t_tree + st->t_verify + st->t_accept + st->t_commit;
+    fprintf(stderr, "kdt generate: prefill %lld tokens in %.3f s (%.1f tokens/s); decode %lld tokens in %.3f s (%.1f tokens/s)\n",
+            (long long)prompt_tokens, st->t_prefill, prompt_tokens / (st->t_prefill > 0 ? st->t_prefill : 1e-9), (long long)later,
+            decode, (double)later / (decode > 0 ? decode : 1e-9));
+    if (strcmp(o->spec, "none") == 0 || st->steps == 0) return;
+    const double ms = 1e3 / (double)st->steps;
+    fprintf(stderr, "kdt generate: spec %s D=%ld K=%ld N=%ld: %lld steps, mean accepted length %.2f, %.2f tokens per request "
+                    "and step, %.1f tree nodes verified per request and step\n",
+            o->spec, o->depth, o->topk, o->budget, (long long)st->steps, (double)st->accepted / (double)st->request_steps,
+            (double)later / (double)st->request_steps, (double)st->drafted / (double)st->request_steps);
+    fprintf(stderr, "kdt generate: time per step: draft %.3f ms, tree build %.3f ms, verify forward %.3f ms, accept %.3f ms, "
+                    "commit %.3f ms\n",
+            st->t_draft * ms, st->t_tree * ms, st->t_verify * ms, st->t_accept * ms, st->t_commit * ms);
+}
+
+int kdt_cmd_generate(int argc, char **argv) {
+    opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc >= 0) return rc;
+    rc = 0;
+    const int B = o.n_prompts;
+    kdt_spec_request req[MAX_PROMPTS] = {0};
+    int32_t *ids[MAX_PROMPTS] = {0};
+    kdt_model *m = NULL, *draft = NULL;
+    kdt_drafter *dr = NULL;
+    int64_t prompt_tokens = 0;
+    for (int b = 0; b < B; b++) {
+        int32_t P = 0;
+        if (parse_ids(o.prompts[b], &ids[b], &P)) {
+            rc = usage_error("--prompt-ids takes comma-separated non-negative integers, not", o.prompts[b]);
+            goto done;
+        }
+        req[b] = (kdt_spec_request){.prompt = ids[b], .prompt_len = P, .max_new = (int32_t)o.max_new,
+                                    .out = malloc(((size_t)o.max_new + 1) * sizeof(int32_t))};
+        prompt_tokens += P;
+        if (!req[b].out) { fprintf(stderr, "kdt generate: out of memory\n"); rc = 1; goto done; }
+    }
     double t0 = now_s();
-    kdt_status s = model_dir ? kdt_model_load(model_dir, backend, &m) : kdt_model_builtin(BUILTIN_SEED, backend, &m);
-    if (s != KDT_OK) { rc = fail(model_dir ? model_dir : "built-in model", s); goto done; }
+    kdt_status s = o.model_dir ? kdt_model_load(o.model_dir, o.backend, &m) : kdt_model_builtin(BUILTIN_SEED, o.backend, &m);
+    if (s != KDT_OK) { rc = fail(o.model_dir ? o.model_dir : "built-in model", s); goto done; }
     const kdt_model_config *cf = kdt_model_get_config(m);
     fprintf(stderr, "kdt generate: %s: %d layers, hidden %d, %d heads, %d experts, vocab %d, %s backend, loaded in %.2f s\n",
-            model_dir ? model_dir : "built-in model", cf->num_hidden_layers, cf->hidden_size, cf->num_attention_heads,
-            cf->n_routed_experts, cf->vocab_size, kdt_backend_name(backend), now_s() - t0);
-    if ((s = kdt_cache_create(m, 1, P + (int32_t)max_new, 0, &c)) != KDT_OK) { rc = fail("cache", s); goto done; }
-    if (!out || !(logits = malloc((size_t)cf->vocab_size * sizeof *logits))) {
-        fprintf(stderr, "kdt generate: out of memory\n");
-        rc = 1;
-        goto done;
+            o.model_dir ? o.model_dir : "built-in model", cf->num_hidden_layers, cf->hidden_size, cf->num_attention_heads,
+            cf->n_routed_experts, cf->vocab_size, kdt_backend_name(o.backend), now_s() - t0);
+    if (strcmp(o.spec, "lookup") == 0) s = kdt_drafter_lookup(&dr);
+    else if (strcmp(o.spec, "model") == 0) {
+        if ((s = load_draft(&o, m, &draft)) != KDT_OK) { rc = fail("draft model", s); goto done; }
+        fprintf(stderr, "kdt generate: draft model: %s, %d layers\n",
+                o.draft_dir ? o.draft_dir : draft == m ? "the target itself" : "the target's first layers",
+                kdt_model_get_config(draft)->num_hidden_layers);
+        s = kdt_drafter_model(draft, &dr);
     }
-    const int32_t req = 0;
-    double t_prefill = 0, t_decode = 0;
-    int32_t n = P;
-    const int32_t *rows = ids;
-    for (long i = 0; i < max_new; i++) {
-        kdt_batch b = {.B = 1, .req = &req, .n_rows = &n, .tokens = rows, .logits_rows = KDT_LOGITS_LAST};
-        const double t = now_s();
-        if ((s = kdt_model_forward(m, c, &b, logits, NULL, NULL)) != KDT_OK) { rc = fail(i ? "decode" : "prefill", s); goto done; }
-        *(i ? &t_decode : &t_prefill) += now_s() - t;
-        out[i] = argmax(logits, cf->vocab_size);
-        rows = &out[i];
-        n = 1;
+    if (s != KDT_OK) { rc = fail("drafter", s); goto done; }
+    const kdt_spec_params p = {.depth = (int32_t)o.depth, .topk = (int32_t)o.topk, .budget = (int32_t)o.budget,
+                               .eos = (int32_t)o.eos, .pad_tree = o.backend == KDT_BACKEND_CUDA, .sync_timing = 1};
+    kdt_spec_stats st;
+    if ((s = kdt_spec_generate(m, dr, &p, B, req, &st, NULL)) != KDT_OK) { rc = fail("generate", s); goto done; }
+    int64_t later = 0;
+    for (int b = 0; b < B; b++) {
+        for (int32_t i = 0; i < req[b].n_out; i++) printf("%s%d", i ? " " : "", req[b].out[i]);
+        printf("\n");
+        later += req[b].n_out > 1 ? req[b].n_out - 1 : 0;
     }
-    for (long i = 0; i < max_new; i++) printf("%s%d", i ? " " : "", out[i]);
-    printf("\n");
     fflush(stdout);
-    if (max_new > 0)
-        fprintf(stderr, "kdt generate: prefill %d tokens in %.3f s (%.1f tokens/s); decode %ld tokens in %.3f s (%.1f tokens/s)\n",
-                P, t_prefill, P / (t_prefill > 0 ? t_prefill : 1e-9), max_new - 1, t_decode,
-                (double)(max_new - 1) / (t_decode > 0 ? t_decode : 1e-9));
+    print_stats(&o, &st, prompt_tokens, later);
 done:
-    free(ids);
-    free(out);
-    free(logits);
-    kdt_cache_free(c);
+    kdt_drafter_free(dr);
+    if (draft != m) kdt_model_free(draft);
     kdt_model_free(m);
+    for (int b = 0; b < B; b++) {
+        free(ids[b]);
+        free(req[b].out);
+    }
     return rc;
 }

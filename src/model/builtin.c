@@ -43,13 +43,20 @@ static void builtin_config(kdt_model_config *c) {
 }
 
 kdt_status kdt_model_builtin(uint64_t seed, kdt_backend backend, kdt_model **out) {
+    return kdt_model_builtin_as(seed, backend, backend == KDT_BACKEND_CUDA ? KDT_BF16 : KDT_F32, out);
+}
+
+/* The weights are made on the host whatever the backend, so that a seed gives the same model on
+ * both; the CUDA backend then uploads them. */
+kdt_status kdt_model_builtin_as(uint64_t seed, kdt_backend backend, kdt_dtype dtype, kdt_model **out) {
     if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_builtin: out is NULL");
+    *out = NULL;
     kdt_model_config c;
     builtin_config(&c);
     kdt_status s = kdt_config_finish(&c, "built-in model");
     if (s != KDT_OK) return s;
     kdt_model *m;
-    if ((s = kdt_model_alloc(&m, &c, backend)) != KDT_OK) return s;
+    if ((s = kdt_model_alloc(&m, &c, backend, dtype)) != KDT_OK) return s;
     uint64_t rng = seed;
     const size_t V = (size_t)c.vocab_size, hid = (size_t)c.hidden_size, H = (size_t)c.num_attention_heads;
     const size_t qk = (size_t)(c.qk_nope_head_dim + c.qk_rope_head_dim), Dv = (size_t)c.kv_lora_rank;
@@ -84,6 +91,11 @@ kdt_status kdt_model_builtin(uint64_t seed, kdt_backend backend, kdt_model **out
 #undef W
 #undef NORM
     if (!ok) s = kdt_fail(KDT_ERR_NOMEM, "built-in model: out of memory");
+    if (s == KDT_OK && backend == KDT_BACKEND_CUDA) {
+        s = kdt_model_upload_top(m);
+        for (int32_t l = 0; l < c.num_hidden_layers && s == KDT_OK; l++) s = kdt_model_upload_layer(m, l);
+        kdt_model_release_bufs(m, 0);
+    }
     if (s == KDT_OK) s = kdt_model_finish(m);
     if (s != KDT_OK) { kdt_model_free(m); return s; }
     *out = m;

@@ -1,6 +1,8 @@
 /* The CPU forward in f32, the reference: each step written as transformers' DeepseekV3 computes
  * it, except attention, which runs in absorbed form through kdt_verify_attn over the paged
- * latent cache. */
+ * latent cache. A model of dtype bf16 also rounds to bf16 what the CUDA backend stores in bf16
+ * (src/cuda/model_forward.cu): the weight matrices, the inputs of the projections, the latent
+ * cache rows, the absorbed queries and the attention outputs; the reference of the CUDA bf16 path. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +54,53 @@ static void rms_norm(const float *x, const float *w, int32_t n, float eps, float
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* x rounded to the nearest bf16, ties to even, in place (NaN stays NaN). */
+static void round_bf16(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7FFFFFFFu) > 0x7F800000u) continue;
+        u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+        memcpy(&x[i], &u, 4);
+    }
+}
+
+static void round_w(const float *w, int64_t n) {
+    if (w) round_bf16((float *)w, n); /* the model's own buffers (kdt_model_buf), made writable */
+}
+
+static void round_mlp(const kdt_mlp_w *p, int64_t hid) {
+    round_w(p->gate, (int64_t)p->inter * hid);
+    round_w(p->up, (int64_t)p->inter * hid);
+    round_w(p->down, (int64_t)p->inter * hid);
+}
+
+/* The matrices the CUDA backend holds in bf16; norms, the router and its bias stay f32. */
+void kdt_round_weights_bf16(kdt_model *m) {
+    const kdt_model_config *c = &m->cfg;
+    const int64_t hid = c->hidden_size, H = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    const int64_t Dv = c->kv_lora_rank, Dqk = Dv + c->qk_rope_head_dim, E = c->n_routed_experts, I = c->moe_intermediate_size;
+    round_w(m->embed, (int64_t)c->vocab_size * hid);
+    if (m->lm_head != m->embed) round_w(m->lm_head, (int64_t)c->vocab_size * hid);
+    for (int32_t l = 0; l < c->num_hidden_layers; l++) {
+        const kdt_layer_w *L = &m->layers[l];
+        round_w(L->q_a, (int64_t)c->q_lora_rank * hid);
+        round_w(L->q_b, H * qk * c->q_lora_rank);
+        round_w(L->q_proj, H * qk * hid);
+        round_w(L->kv_a, Dqk * hid);
+        round_w(L->kv_b, H * (c->qk_nope_head_dim + c->v_head_dim) * Dv);
+        round_w(L->o, hid * H * c->v_head_dim);
+        if (!L->is_moe) {
+            round_mlp(&L->dense, hid);
+            continue;
+        }
+        round_w(L->exp_gate, E * I * hid);
+        round_w(L->exp_up, E * I * hid);
+        round_w(L->exp_down, E * I * hid);
+        if (L->shared.inter) round_mlp(&L->shared, hid);
+    }
+}
+
 /* Rope of one d-dim vector (d = 2 * half), in place. Interleaved input pairs (x[2i], x[2i+1])
  * (rope_interleave) or split ones (x[i], x[i + half]); either way the output holds the pairs'
  * rotated first elements, then their second elements, as transformers writes them. */
@@ -67,6 +116,7 @@ static void rope(float *x, int32_t half, const float *cs, const float *sn, int i
 /* Scratch of one forward, sized for R rows. */
 typedef struct ws {
     float *x, *h, *q, *qa, *ckv, *qabs, *olat, *lse, *ov, *tmp, *cs, *sn;
+    float *hb;                   /* [R, hidden] h rounded to bf16 (bf16 models) */
     uint8_t *causal;             /* [q_len, q_len] the causal mask of one chunk */
     uint8_t *gsel;               /* [n_group] groups kept by the router */
     /* MoE */
@@ -77,8 +127,8 @@ typedef struct ws {
 } ws;
 
 static void ws_free(ws *w) {
-    free(w->x); free(w->h); free(w->q); free(w->qa); free(w->ckv); free(w->qabs); free(w->olat); free(w->lse);
-    free(w->ov); free(w->tmp); free(w->cs); free(w->sn); free(w->causal); free(w->gsel); free(w->gate_w); free(w->gate_i);
+    free(w->x); free(w->h); free(w->hb); free(w->q); free(w->qa); free(w->ckv); free(w->qabs); free(w->olat);
+    free(w->lse); free(w->ov); free(w->tmp); free(w->cs); free(w->sn); free(w->causal); free(w->gsel); free(w->gate_w); free(w->gate_i);
     free(w->rows); free(w->xe); free(w->ge); free(w->ue); free(w->ye);
 }
 
@@ -94,6 +144,7 @@ static kdt_status ws_alloc(ws *w, const kdt_model_config *c, int64_t R) {
     const int64_t topk = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
     w->x = malloc((size_t)(R * c->hidden_size) * sizeof(float));
     w->h = malloc((size_t)(R * c->hidden_size) * sizeof(float));
+    w->hb = malloc((size_t)(R * c->hidden_size) * sizeof(float));
     w->q = malloc((size_t)(R * H * qk) * sizeof(float));
     w->qa = malloc((size_t)(R * (c->q_lora_rank + 1)) * sizeof(float));
     w->ckv = malloc((size_t)(R * Dqk) * sizeof(float));
@@ -114,8 +165,8 @@ static kdt_status ws_alloc(ws *w, const kdt_model_config *c, int64_t R) {
     w->ge = malloc((size_t)(R * inter) * sizeof(float));
     w->ue = malloc((size_t)(R * inter) * sizeof(float));
     w->ye = malloc((size_t)(R * c->hidden_size) * sizeof(float));
-    if (!w->x || !w->h || !w->q || !w->qa || !w->ckv || !w->qabs || !w->olat || !w->lse || !w->ov || !w->tmp || !w->cs ||
-        !w->sn || !w->causal || !w->gsel || !w->gate_w || !w->gate_i || !w->rows || !w->xe || !w->ge || !w->ue || !w->ye) {
+    if (!w->x || !w->h || !w->hb || !w->q || !w->qa || !w->ckv || !w->qabs || !w->olat || !w->lse || !w->ov || !w->tmp ||
+        !w->cs || !w->sn || !w->causal || !w->gsel || !w->gate_w || !w->gate_i || !w->rows || !w->xe || !w->ge || !w->ue || !w->ye) {
         ws_free(w);
         return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory for %lld rows", (long long)R);
     }
@@ -141,11 +192,13 @@ static kdt_status attention(const kdt_model *m, kdt_cache *c, int32_t l, const k
     const kdt_layer_w *L = &m->layers[l];
     const int32_t H = cf->num_attention_heads, nope = cf->qk_nope_head_dim, rd = cf->qk_rope_head_dim, half = rd / 2;
     const int32_t qk = nope + rd, Dv = cf->kv_lora_rank, Dqk = Dv + rd, vd = cf->v_head_dim, hid = cf->hidden_size;
+    const int bf = m->dtype == KDT_BF16;
     /* Queries [R, H, qk] and the compressed KV [R, Dv + rd]. */
     if (cf->q_lora_rank) {
         linear(w->h, R, hid, L->q_a, cf->q_lora_rank, w->qa);
         for (int64_t r = 0; r < R; r++)
             rms_norm(w->qa + r * cf->q_lora_rank, L->q_a_norm, cf->q_lora_rank, LORA_NORM_EPS, w->qa + r * cf->q_lora_rank);
+        if (bf) round_bf16(w->qa, R * cf->q_lora_rank);
         linear(w->qa, R, cf->q_lora_rank, L->q_b, H * qk, w->q);
     } else {
         linear(w->h, R, hid, L->q_proj, H * qk, w->q);
@@ -156,8 +209,10 @@ static kdt_status attention(const kdt_model *m, kdt_cache *c, int32_t l, const k
         float *kv = w->ckv + r * Dqk;
         rms_norm(kv, L->kv_a_norm, Dv, LORA_NORM_EPS, kv);
         rope(kv + Dv, half, w->cs + r * half, w->sn + r * half, cf->rope_interleave, w->tmp);
+        if (bf) round_bf16(kv, Dqk);
         for (int32_t hh = 0; hh < H; hh++) {
-            const float *qh = w->q + (r * H + hh) * qk;
+            float *qh = w->q + (r * H + hh) * qk;
+            if (bf) round_bf16(qh, nope);
             const float *wuk = L->kv_b + (int64_t)hh * (nope + vd) * Dv; /* [nope, Dv] */
             float *qa = w->qabs + (r * H + hh) * Dqk;
             for (int32_t j = 0; j < Dv; j++) qa[j] = 0;
@@ -168,6 +223,7 @@ static kdt_status attention(const kdt_model *m, kdt_cache *c, int32_t l, const k
             }
             memcpy(qa + Dv, qh + nope, (size_t)rd * sizeof(float));
             rope(qa + Dv, half, w->cs + r * half, w->sn + r * half, cf->rope_interleave, w->tmp);
+            if (bf) round_bf16(qa, Dqk);
         }
     }
     /* Append the rows to the cache: row i of request b is slot start[b] + i. */
@@ -208,20 +264,23 @@ static kdt_status attention(const kdt_model *m, kdt_cache *c, int32_t l, const k
         r += n;
     }
     /* W_UV per head on the latent output, then o_proj. */
+    if (bf) round_bf16(w->olat, R * H * Dv);
     for (r = 0; r < R; r++)
         for (int32_t hh = 0; hh < H; hh++) {
             const float *wuv = L->kv_b + ((int64_t)hh * (nope + vd) + nope) * Dv; /* [vd, Dv] */
             linear(w->olat + (r * H + hh) * Dv, 1, Dv, wuv, vd, w->ov + (r * H + hh) * vd);
         }
+    if (bf) round_bf16(w->ov, R * H * vd);
     linear(w->ov, R, H * vd, L->o, hid, w->h);
     return KDT_OK;
 }
 
 /* An MLP (dense layer or shared experts): y [R, hidden] = down(silu(gate x) * up x). */
-static void mlp(const kdt_mlp_w *p, const float *x, int64_t R, int32_t hid, ws *w, float *y) {
+static void mlp(const kdt_mlp_w *p, const float *x, int64_t R, int32_t hid, int bf, ws *w, float *y) {
     linear(x, R, hid, p->gate, p->inter, w->ge);
     linear(x, R, hid, p->up, p->inter, w->ue);
     for (int64_t i = 0; i < R * p->inter; i++) w->ge[i] = silu(w->ge[i]) * w->ue[i];
+    if (bf) round_bf16(w->ge, R * p->inter);
     linear(w->ge, R, p->inter, p->down, hid, y);
 }
 
@@ -273,11 +332,13 @@ static void route(const kdt_model_config *c, const kdt_layer_w *L, const float *
     }
 }
 
-/* MoE of layer l: x [R, hidden] in (w->h), out added to y [R, hidden]. Rows are grouped by
- * expert so each expert's weights are read once per call. */
-static void moe(const kdt_model *m, const kdt_layer_w *L, int64_t R, ws *w, float *y) {
+/* MoE of layer l: the router reads w->h, the experts xin (w->h, or its bf16 rounding) [R, hidden];
+ * out added to y [R, hidden]. Rows are grouped by expert so each expert's weights are read once
+ * per call. */
+static void moe(const kdt_model *m, const kdt_layer_w *L, int64_t R, const float *xin, ws *w, float *y) {
     const kdt_model_config *c = &m->cfg;
     const int32_t hid = c->hidden_size, I = c->moe_intermediate_size, K = c->num_experts_per_tok;
+    const int bf = m->dtype == KDT_BF16;
     for (int64_t r = 0; r < R; r++) route(c, L, w->h + r * hid, w->tmp, w->gsel, w->gate_i + r * K, w->gate_w + r * K);
     for (int32_t e = 0; e < c->n_routed_experts; e++) {
         int64_t n = 0;
@@ -285,13 +346,13 @@ static void moe(const kdt_model *m, const kdt_layer_w *L, int64_t R, ws *w, floa
             for (int32_t k = 0; k < K; k++)
                 if (w->gate_i[r * K + k] == e) {
                     w->rows[n] = (int32_t)(r * K + k);
-                    memcpy(w->xe + n * hid, w->h + r * hid, (size_t)hid * sizeof(float));
+                    memcpy(w->xe + n * hid, xin + r * hid, (size_t)hid * sizeof(float));
                     n++;
                 }
         if (!n) continue;
         const kdt_mlp_w ex = {.gate = L->exp_gate + (int64_t)e * I * hid, .up = L->exp_up + (int64_t)e * I * hid,
                               .down = L->exp_down + (int64_t)e * hid * I, .inter = I};
-        mlp(&ex, w->xe, n, hid, w, w->ye);
+        mlp(&ex, w->xe, n, hid, bf, w, w->ye);
         for (int64_t j = 0; j < n; j++) {
             const int64_t r = w->rows[j] / K;
             const float g = w->gate_w[w->rows[j]];
@@ -299,7 +360,7 @@ static void moe(const kdt_model *m, const kdt_layer_w *L, int64_t R, ws *w, floa
         }
     }
     if (L->shared.inter) {
-        mlp(&L->shared, w->h, R, hid, w, w->ye);
+        mlp(&L->shared, xin, R, hid, bf, w, w->ye);
         for (int64_t i = 0; i < R * hid; i++) y[i] += w->ye[i];
     }
 }
@@ -308,6 +369,7 @@ kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *bt, cons
                            float *logits, float *hidden) {
     const kdt_model_config *cf = &m->cfg;
     const int32_t hid = cf->hidden_size;
+    const int bf = m->dtype == KDT_BF16;
     int64_t R = 0;
     for (int32_t b = 0; b < bt->B; b++) R += bt->n_rows[b];
     ws w;
@@ -318,19 +380,26 @@ kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *bt, cons
     for (int32_t l = 0; l < cf->num_hidden_layers && s == KDT_OK; l++) {
         const kdt_layer_w *L = &m->layers[l];
         for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, L->attn_norm, hid, cf->rms_norm_eps, w.h + r * hid);
+        if (bf) round_bf16(w.h, R * hid);
         if ((s = attention(m, c, l, bt, start, R, &w)) != KDT_OK) break;
         for (int64_t i = 0; i < R * hid; i++) w.x[i] += w.h[i];
         for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, L->ffn_norm, hid, cf->rms_norm_eps, w.h + r * hid);
+        const float *hin = bf ? w.hb : w.h; /* the projections' input; the router reads w.h */
+        if (bf) {
+            memcpy(w.hb, w.h, (size_t)(R * hid) * sizeof(float));
+            round_bf16(w.hb, R * hid);
+        }
         if (L->is_moe) {
-            moe(m, L, R, &w, w.x);
+            moe(m, L, R, hin, &w, w.x);
         } else {
-            mlp(&L->dense, w.h, R, hid, &w, w.ye);
+            mlp(&L->dense, hin, R, hid, bf, &w, w.ye);
             for (int64_t i = 0; i < R * hid; i++) w.x[i] += w.ye[i];
         }
     }
     if (s == KDT_OK) {
         for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, m->final_norm, hid, cf->rms_norm_eps, w.h + r * hid);
         if (hidden) memcpy(hidden, w.h, (size_t)(R * hid) * sizeof(float));
+        if (bf) round_bf16(w.h, R * hid);
         if (logits && bt->logits_rows == KDT_LOGITS_ALL) {
             linear(w.h, R, hid, m->lm_head, cf->vocab_size, logits);
         } else if (logits) {

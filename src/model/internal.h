@@ -1,8 +1,12 @@
-/* The model's internal pieces: weights as the CPU backend holds them, the cache, and the
- * functions the files of src/model/ share. */
+/* The model's internal pieces: weights as the CPU backend holds them and as the CUDA backend
+ * holds them, the cache, and the functions the files of src/model/ share. */
 #pragma once
 
 #include "kdt/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* nn.Linear weights are [out, in], row-major, as in the checkpoint. */
 typedef struct kdt_mlp_w {
@@ -28,37 +32,99 @@ typedef struct kdt_layer_w {
     kdt_mlp_w shared;
 } kdt_layer_w;
 
+/* The CUDA backend's weights, device memory: matrices in the model's dtype (bf16 or f32), norms,
+ * the router and its bias in f32. Projections that read the same input are stacked, so that one
+ * GEMM computes them. */
+typedef struct kdt_mlp_dw {
+    void *gate_up;               /* [2I, hidden]: gate rows, then up rows */
+    void *down;                  /* [hidden, I] */
+    int32_t inter;               /* I; 0: absent */
+} kdt_mlp_dw;
+
+typedef struct kdt_layer_dw {
+    float *attn_norm, *ffn_norm;               /* [hidden] */
+    float *q_a_norm;                           /* [q_lora] */
+    float *kv_a_norm;                          /* [kv_lora] */
+    void *attn_in;                             /* [Wa, hidden]: q_a (q_proj when q_lora_rank is 0) rows, then kv_a rows */
+    void *q_b;                                 /* [H * (nope + rope), q_lora] */
+    void *kv_b;                                /* [H * (nope + v), kv_lora] */
+    void *o;                                   /* [hidden, H * v] */
+    int is_moe;
+    kdt_mlp_dw dense, shared;
+    float *router;                             /* [E, hidden] */
+    float *router_bias;                        /* [E] */
+    void *exp_gate_up;                         /* [E, 2I, hidden] */
+    void *exp_down;                            /* [E, hidden, I] */
+} kdt_layer_dw;
+
+struct kdt_cuda_ctx;                           /* cuBLAS handle and scratch (src/cuda/model_forward.cu) */
+
 struct kdt_model {
     kdt_model_config cfg;
     kdt_backend backend;
+    kdt_dtype dtype;                           /* compute dtype: f32 or bf16 (emulated on the CPU: see kdt_forward_cpu) */
+    /* CPU backend (host f32; on CUDA only while a piece is being uploaded). */
     const float *embed;                        /* [vocab, hidden] */
     const float *final_norm;                   /* [hidden] */
     const float *lm_head;                      /* [vocab, hidden]; the embedding when tied */
     kdt_layer_w *layers;                       /* [num_hidden_layers] */
     float *inv_freq;                           /* [rope / 2] */
-    void **allocs;                             /* every buffer the model owns */
+    void **allocs;                             /* every host buffer the model owns */
     size_t n_allocs, cap_allocs;
+    /* CUDA backend (device memory). */
+    void *d_embed;                             /* [vocab, hidden] dtype */
+    void *d_lm_head;                           /* [vocab, hidden] dtype; d_embed when tied */
+    float *d_final_norm;                       /* [hidden] */
+    float *d_inv_freq;                         /* [rope / 2] */
+    kdt_layer_dw *dlayers;                     /* [num_hidden_layers] */
+    void **dallocs;                            /* every device buffer the model owns */
+    size_t n_dallocs, cap_dallocs;
+    struct kdt_cuda_ctx *ctx;                  /* made by the first CUDA forward */
 };
 
 struct kdt_cache {
     const kdt_model *model;
     int32_t max_requests, max_len, NB, MB, Dqk;
-    float **pool;                              /* [layers] of [NB, BS, Dqk] */
+    float **pool;                              /* CPU: [layers] of [NB, BS, Dqk] */
+    void **dpool;                              /* CUDA: [layers] of [NB, BS, Dqk], the model's dtype */
     int32_t *block_table;                      /* [max_requests, MB], -1 where unused */
     int32_t *kv_len;                           /* [max_requests] */
+    int32_t *d_block_table, *d_kv_len;         /* CUDA: device copies of the two, kept in step */
+    int32_t *d_commit;                         /* CUDA: scratch of kdt_cache_commit */
     int32_t *free_blocks;                      /* stack of free block ids */
     int32_t n_free;
 };
 
-/* Model lifetime helpers (model.c). */
-kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_backend backend);
+/* Model lifetime helpers (model.c). dtype: KDT_F32 or KDT_BF16 (emulated on the CPU). */
+kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_backend backend, kdt_dtype dtype);
 float     *kdt_model_buf(kdt_model *m, size_t n_floats);   /* owned by m, zeroed; NULL on OOM */
+void       kdt_model_release_bufs(kdt_model *m, size_t from); /* frees the host buffers made since n_allocs was `from` */
 kdt_status kdt_model_finish(kdt_model *m);                  /* rope tables after the weights */
 int        kdt_layer_is_moe(const kdt_model_config *c, int32_t layer);
+
+/* The CUDA backend's weights (device.c). The upload functions copy host f32 weights (as the
+ * loader and the built-in model make them) to the device in the model's dtype and layout; the
+ * caller then releases the host copies. */
+kdt_status kdt_model_dbuf(kdt_model *m, size_t nbytes, void **out); /* device memory owned by m */
+kdt_status kdt_model_upload_top(kdt_model *m);              /* embedding, final norm, LM head */
+kdt_status kdt_model_upload_layer(kdt_model *m, int32_t layer);
+void       kdt_model_free_device(kdt_model *m);
+/* A CUDA model of config cfg (finished: kdt_config_finish) with random weights made on the
+ * device: uniform, scale 1 / sqrt(fan_in), norms near 1, as the built-in model. For benchmarks
+ * at real dims, no files. */
+kdt_status kdt_model_random_cuda(const kdt_model_config *cfg, uint64_t seed, kdt_dtype dtype, kdt_model **out);
 
 /* Config checks shared by the loader and the built-in model (config.c). */
 kdt_status kdt_config_finish(kdt_model_config *c, const char *what);
 
-/* The CPU forward (forward_cpu.c). The batch is validated and the cache has room. */
+/* The CPU forward (forward_cpu.c). The batch is validated and the cache has room. A model of
+ * dtype KDT_BF16 emulates the CUDA backend's bf16: f32 arithmetic, with the weight matrices
+ * (kdt_round_weights_bf16, by kdt_model_finish) and the activations rounded to bf16 where the
+ * CUDA backend stores them in bf16. */
 kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *b, const int32_t *start,
                            const int32_t *positions, float *logits, float *hidden);
+void       kdt_round_weights_bf16(kdt_model *m);
+
+#ifdef __cplusplus
+}
+#endif

@@ -3,23 +3,54 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/device.h"
 #include "common/internal.h"
 #include "kdt/ops.h"
-#include "model/internal.h"
+#include "model/cuda.h"
 
 #define MAX_ROWS (1 << 24) /* rows of one forward */
 
-kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_backend backend) {
+/* Limits of the CUDA kernels: the router keeps a row's expert scores in shared memory and the
+ * MoE combine a row's choices; verify_attn's general kernel takes Dv <= 512. */
+#define CUDA_MAX_EXPERTS 4096
+#define CUDA_MAX_TOPK 64
+#define CUDA_MAX_DV 512
+
+static kdt_status check_cuda(const kdt_model_config *c, kdt_dtype dtype) {
+    if (dtype != KDT_BF16 && dtype != KDT_F32)
+        return kdt_fail(KDT_ERR_DTYPE, "model: the CUDA backend computes in bf16 or f32, not %s", kdt_dtype_name(dtype));
+    if (!kdt_cuda_available())
+        return kdt_fail(KDT_ERR_NO_CUDA, "model: no CUDA device is available to this build (use --backend cpu)");
+    if (c->n_routed_experts > CUDA_MAX_EXPERTS || c->num_experts_per_tok > CUDA_MAX_TOPK)
+        return kdt_fail(KDT_ERR_UNSUPPORTED,
+                        "model: the CUDA backend takes at most %d routed experts and %d per token (config: %d, %d)",
+                        CUDA_MAX_EXPERTS, CUDA_MAX_TOPK, c->n_routed_experts, c->num_experts_per_tok);
+    if (c->kv_lora_rank > CUDA_MAX_DV)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "model: kv_lora_rank = %d: the CUDA attention takes at most %d", c->kv_lora_rank,
+                        CUDA_MAX_DV);
+    return KDT_OK;
+}
+
+kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_backend backend, kdt_dtype dtype) {
     *out = NULL;
-    if (backend == KDT_BACKEND_CUDA)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "model: the CUDA backend of the model is not implemented yet (use --backend cpu)");
-    if (backend != KDT_BACKEND_CPU) return kdt_fail(KDT_ERR_INVALID_ARG, "model: unknown backend %d", (int)backend);
+    if (backend != KDT_BACKEND_CPU && backend != KDT_BACKEND_CUDA)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "model: unknown backend %d", (int)backend);
+    if (backend == KDT_BACKEND_CPU && dtype != KDT_F32 && dtype != KDT_BF16)
+        return kdt_fail(KDT_ERR_DTYPE, "model: the CPU backend computes in f32 (or bf16, emulated), not %s",
+                        kdt_dtype_name(dtype));
+    kdt_status s;
+    if (backend == KDT_BACKEND_CUDA && (s = check_cuda(cfg, dtype)) != KDT_OK) return s;
     kdt_model *m = calloc(1, sizeof *m);
     if (!m) return kdt_fail(KDT_ERR_NOMEM, "model: out of memory");
     m->cfg = *cfg;
     m->backend = backend;
+    m->dtype = dtype;
     m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
-    if (!m->layers) { free(m); return kdt_fail(KDT_ERR_NOMEM, "model: out of memory"); }
+    if (backend == KDT_BACKEND_CUDA) m->dlayers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->dlayers);
+    if (!m->layers || (backend == KDT_BACKEND_CUDA && !m->dlayers)) {
+        kdt_model_free(m);
+        return kdt_fail(KDT_ERR_NOMEM, "model: out of memory");
+    }
     *out = m;
     return KDT_OK;
 }
@@ -38,16 +69,25 @@ float *kdt_model_buf(kdt_model *m, size_t n) {
     return p;
 }
 
+void kdt_model_release_bufs(kdt_model *m, size_t from) {
+    for (size_t i = from; i < m->n_allocs; i++) free(m->allocs[i]);
+    if (from < m->n_allocs) m->n_allocs = from;
+}
+
 void kdt_model_free(kdt_model *m) {
     if (!m) return;
-    for (size_t i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
+    kdt_cuda_ctx_free(m->ctx);
+    kdt_model_free_device(m);
+    kdt_model_release_bufs(m, 0);
     free(m->allocs);
     free(m->layers);
+    free(m->dlayers);
     free(m);
 }
 
 const kdt_model_config *kdt_model_get_config(const kdt_model *m) { return m ? &m->cfg : NULL; }
 kdt_backend kdt_model_backend(const kdt_model *m) { return m->backend; }
+kdt_dtype kdt_model_dtype(const kdt_model *m) { return m->dtype; }
 
 int kdt_layer_is_moe(const kdt_model_config *c, int32_t layer) {
     return c->n_routed_experts > 0 && layer >= c->first_k_dense_replace && layer % c->moe_layer_freq == 0;
@@ -84,10 +124,46 @@ kdt_status kdt_model_finish(kdt_model *m) {
         const float ef = 1.0f - ramp; /* extrapolation weight */
         m->inv_freq[i] = inter * (1.0f - ef) + extra * ef;
     }
-    return KDT_OK;
+    if (m->backend == KDT_BACKEND_CPU && m->dtype == KDT_BF16) kdt_round_weights_bf16(m);
+    if (m->backend != KDT_BACKEND_CUDA) return KDT_OK;
+    kdt_status s = kdt_model_dbuf(m, (size_t)half * sizeof(float), (void **)&m->d_inv_freq);
+    if (s == KDT_OK) s = kdt_dev_h2d(m->d_inv_freq, m->inv_freq, (size_t)half * sizeof(float));
+    if (s == KDT_OK) s = kdt_dev_sync(); /* the uploads are done before a forward on any stream */
+    return s;
 }
 
 /* ---- cache ---- */
+
+static int on_cuda(const kdt_cache *c) { return c->model->backend == KDT_BACKEND_CUDA; }
+
+/* The pools' dtype: the model's on CUDA; f32 on the CPU, whose bf16 emulation stores rounded values. */
+static kdt_dtype cache_dtype(const kdt_cache *c) { return on_cuda(c) ? c->model->dtype : KDT_F32; }
+
+/* CUDA: the device pools (poisoned with NaN, so that a read of a row never written shows), the
+ * device copies of the block table and lengths, and kdt_cache_commit's scratch. */
+static kdt_status cache_alloc_cuda(kdt_cache *c, uint64_t pool_elems) {
+    const int32_t L = c->model->cfg.num_hidden_layers;
+    const size_t es = kdt_dtype_size(cache_dtype(c)), R = (size_t)c->max_requests, MB = (size_t)c->MB;
+    if (!(c->dpool = calloc((size_t)L, sizeof *c->dpool))) return kdt_fail(KDT_ERR_NOMEM, "cache: out of memory");
+    kdt_status s = KDT_OK;
+    for (int32_t l = 0; l < L && s == KDT_OK; l++) {
+        s = kdt_dev_alloc(&c->dpool[l], (size_t)pool_elems * es);
+        if (s == KDT_OK) s = kdt_cuda_fill_bytes(c->dpool[l], 0xFF, (size_t)pool_elems * es);
+    }
+    if (s == KDT_OK) s = kdt_dev_alloc((void **)&c->d_block_table, R * MB * sizeof(int32_t));
+    if (s == KDT_OK) s = kdt_dev_alloc((void **)&c->d_kv_len, R * sizeof(int32_t));
+    /* commit: table [R, MB], kv_len, accept_len, new_len, status [R] each, accept_index [R, max tree] */
+    if (s == KDT_OK) s = kdt_dev_alloc((void **)&c->d_commit, R * (MB + 4 + KDT_MODEL_MAX_TREE) * sizeof(int32_t));
+    return s;
+}
+
+/* Copies the block table and lengths to the device after the host changed them. */
+static kdt_status cache_sync(kdt_cache *c) {
+    if (!on_cuda(c)) return KDT_OK;
+    kdt_status s = kdt_dev_h2d(c->d_block_table, c->block_table, (size_t)c->max_requests * c->MB * sizeof(int32_t));
+    if (s == KDT_OK) s = kdt_dev_h2d(c->d_kv_len, c->kv_len, (size_t)c->max_requests * sizeof(int32_t));
+    return s == KDT_OK ? kdt_dev_sync() : s; /* landed before work on any stream reads them */
+}
 
 kdt_status kdt_cache_create(const kdt_model *m, int32_t max_requests, int32_t max_len, int32_t num_blocks, kdt_cache **out) {
     *out = NULL;
@@ -99,6 +175,7 @@ kdt_status kdt_cache_create(const kdt_model *m, int32_t max_requests, int32_t ma
     if (num_blocks < 0 || NB > INT32_MAX || MB * max_requests > INT32_MAX)
         return kdt_fail(KDT_ERR_INVALID_ARG, "cache: num_blocks = %d invalid or the cache is too large", num_blocks);
     const int32_t Dqk = m->cfg.kv_lora_rank + m->cfg.qk_rope_head_dim, L = m->cfg.num_hidden_layers;
+    const int cuda = m->backend == KDT_BACKEND_CUDA;
     uint64_t pool_floats;
     if (!kdt_mul_u64((uint64_t)NB * KDT_CACHE_BLOCK, (uint64_t)Dqk, &pool_floats) || pool_floats > SIZE_MAX / sizeof(float))
         return kdt_fail(KDT_ERR_NOMEM, "cache: %lld blocks of %d x %d floats do not fit in memory", (long long)NB,
@@ -116,7 +193,7 @@ kdt_status kdt_cache_create(const kdt_model *m, int32_t max_requests, int32_t ma
     c->kv_len = calloc((size_t)max_requests, sizeof(int32_t));
     c->free_blocks = malloc((size_t)NB * sizeof(int32_t));
     int ok = c->pool && c->block_table && c->kv_len && c->free_blocks;
-    for (int32_t l = 0; ok && l < L; l++) ok = (c->pool[l] = calloc((size_t)pool_floats, sizeof(float))) != NULL;
+    for (int32_t l = 0; ok && !cuda && l < L; l++) ok = (c->pool[l] = calloc((size_t)pool_floats, sizeof(float))) != NULL;
     if (!ok) {
         kdt_cache_free(c);
         return kdt_fail(KDT_ERR_NOMEM, "cache: out of memory for %lld blocks x %d layers", (long long)NB, L);
@@ -124,14 +201,27 @@ kdt_status kdt_cache_create(const kdt_model *m, int32_t max_requests, int32_t ma
     for (int64_t i = 0; i < MB * max_requests; i++) c->block_table[i] = -1;
     for (int32_t i = 0; i < c->NB; i++) c->free_blocks[i] = c->NB - 1 - i; /* block 0 on top */
     c->n_free = c->NB;
+    kdt_status s = cuda ? cache_alloc_cuda(c, pool_floats) : KDT_OK;
+    if (s == KDT_OK) s = cache_sync(c);
+    if (s != KDT_OK) {
+        kdt_cache_free(c);
+        return s;
+    }
     *out = c;
     return KDT_OK;
 }
 
 void kdt_cache_free(kdt_cache *c) {
     if (!c) return;
-    for (int32_t l = 0; c->pool && l < c->model->cfg.num_hidden_layers; l++) free(c->pool[l]);
+    for (int32_t l = 0; l < c->model->cfg.num_hidden_layers; l++) {
+        if (c->pool) free(c->pool[l]);
+        if (c->dpool) kdt_dev_free(c->dpool[l]);
+    }
     free(c->pool);
+    free(c->dpool);
+    kdt_dev_free(c->d_block_table);
+    kdt_dev_free(c->d_kv_len);
+    kdt_dev_free(c->d_commit);
     free(c->block_table);
     free(c->kv_len);
     free(c->free_blocks);
@@ -167,7 +257,7 @@ kdt_status kdt_cache_truncate(kdt_cache *c, int32_t req, int32_t len) {
     if (len < 0 || len > c->kv_len[req])
         return kdt_fail(KDT_ERR_INVALID_ARG, "cache: request %d: truncate to %d rows, it holds %d", req, len, c->kv_len[req]);
     shrink(c, req, len);
-    return KDT_OK;
+    return cache_sync(c);
 }
 
 kdt_status kdt_cache_reset(kdt_cache *c, int32_t req) { return kdt_cache_truncate(c, req, 0); }
@@ -175,9 +265,11 @@ kdt_status kdt_cache_reset(kdt_cache *c, int32_t req) { return kdt_cache_truncat
 kdt_status kdt_cache_layer(const kdt_cache *c, int32_t layer, kdt_cache_layer_view *out) {
     if (!c || layer < 0 || layer >= c->model->cfg.num_hidden_layers)
         return kdt_fail(KDT_ERR_INVALID_ARG, "cache: layer %d out of range", layer);
-    *out = (kdt_cache_layer_view){.kv_cache = c->pool[layer], .dtype = KDT_F32, .NB = c->NB, .BS = KDT_CACHE_BLOCK,
-                                  .Dqk = c->Dqk, .Dv = c->model->cfg.kv_lora_rank, .block_table = c->block_table,
-                                  .MB = c->MB, .kv_len = c->kv_len};
+    const int cuda = on_cuda(c);
+    *out = (kdt_cache_layer_view){.kv_cache = cuda ? c->dpool[layer] : (void *)c->pool[layer], .dtype = cache_dtype(c),
+                                  .NB = c->NB, .BS = KDT_CACHE_BLOCK, .Dqk = c->Dqk, .Dv = c->model->cfg.kv_lora_rank,
+                                  .block_table = cuda ? c->d_block_table : c->block_table, .MB = c->MB,
+                                  .kv_len = cuda ? c->d_kv_len : c->kv_len};
     return KDT_OK;
 }
 
@@ -195,12 +287,47 @@ static kdt_status check_reqs(const kdt_cache *c, int32_t B, const int32_t *req, 
     return KDT_OK;
 }
 
+/* kv_commit on every layer: host arrays on the CPU; on CUDA copied to the cache's scratch, the
+ * moves run on the device and new_len and status come back. */
+static kdt_status commit_layers(kdt_cache *c, kdt_kv_commit_params p, int32_t *new_len, int32_t *status) {
+    const int32_t L = c->model->cfg.num_hidden_layers, B = p.B;
+    kdt_status s = KDT_OK;
+    if (!on_cuda(c)) {
+        for (int32_t l = 0; l < L && s == KDT_OK; l++) {
+            p.kv_cache = c->pool[l];
+            s = kdt_kv_commit(&p, KDT_BACKEND_CPU, NULL);
+        }
+        return s;
+    }
+    int32_t *d_table = c->d_commit, *d_len = d_table + (size_t)B * c->MB, *d_alen = d_len + B, *d_new = d_alen + B;
+    int32_t *d_status = d_new + B, *d_idx = d_status + B;
+    if ((s = kdt_dev_h2d(d_table, p.block_table, (size_t)B * c->MB * sizeof(int32_t))) ||
+        (s = kdt_dev_h2d(d_len, p.kv_len, (size_t)B * sizeof(int32_t))) ||
+        (s = kdt_dev_h2d(d_alen, p.accept_len, (size_t)B * sizeof(int32_t))) ||
+        (s = kdt_dev_h2d(d_idx, p.accept_index, (size_t)B * p.Q * sizeof(int32_t))))
+        return s;
+    p.block_table = d_table;
+    p.kv_len = d_len;
+    p.accept_len = d_alen;
+    p.accept_index = d_idx;
+    p.new_kv_len = d_new;
+    p.status = d_status;
+    for (int32_t l = 0; l < L && s == KDT_OK; l++) {
+        p.kv_cache = c->dpool[l];
+        s = kdt_kv_commit(&p, KDT_BACKEND_CUDA, NULL);
+    }
+    if (s == KDT_OK) s = kdt_dev_d2h(new_len, d_new, (size_t)B * sizeof(int32_t));
+    if (s == KDT_OK) s = kdt_dev_d2h(status, d_status, (size_t)B * sizeof(int32_t));
+    return s;
+}
+
 kdt_status kdt_cache_commit(kdt_cache *c, int32_t B, const int32_t *req, int32_t Q, const int32_t *accept_index,
                             const int32_t *accept_len) {
     if (!c) return kdt_fail(KDT_ERR_INVALID_ARG, "cache_commit: cache is NULL");
     kdt_status s = check_reqs(c, B, req, "cache_commit");
     if (s != KDT_OK) return s;
-    if (Q < 1 || !accept_index || !accept_len) return kdt_fail(KDT_ERR_INVALID_ARG, "cache_commit: Q = %d or a NULL input", Q);
+    if (Q < 1 || Q > KDT_MODEL_MAX_TREE || !accept_index || !accept_len)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "cache_commit: Q = %d outside 1 .. %d or a NULL input", Q, KDT_MODEL_MAX_TREE);
     int32_t *table = malloc((size_t)B * c->MB * sizeof(int32_t)), *len = malloc((size_t)B * 3 * sizeof(int32_t));
     if (!table || !len) { free(table); free(len); return kdt_fail(KDT_ERR_NOMEM, "cache_commit: out of memory"); }
     int32_t *new_len = len + B, *status = len + 2 * B;
@@ -208,12 +335,14 @@ kdt_status kdt_cache_commit(kdt_cache *c, int32_t B, const int32_t *req, int32_t
         memcpy(table + (size_t)b * c->MB, c->block_table + (size_t)req[b] * c->MB, (size_t)c->MB * sizeof(int32_t));
         len[b] = c->kv_len[req[b]];
     }
-    for (int32_t l = 0; l < c->model->cfg.num_hidden_layers && s == KDT_OK; l++) {
-        kdt_kv_commit_params p = {.B = B, .Q = Q, .NB = c->NB, .BS = KDT_CACHE_BLOCK, .Dqk = c->Dqk, .dtype = KDT_F32,
-                                  .kv_cache = c->pool[l], .block_table = table, .MB = c->MB, .kv_len = len,
-                                  .accept_index = accept_index, .accept_len = accept_len, .new_kv_len = new_len,
-                                  .status = status};
-        s = kdt_kv_commit(&p, KDT_BACKEND_CPU, NULL);
+    const kdt_kv_commit_params p = {.B = B, .Q = Q, .NB = c->NB, .BS = KDT_CACHE_BLOCK, .Dqk = c->Dqk,
+                                    .dtype = cache_dtype(c), .block_table = table, .MB = c->MB, .kv_len = len,
+                                    .accept_index = accept_index, .accept_len = accept_len, .new_kv_len = new_len,
+                                    .status = status};
+    if ((s = commit_layers(c, p, new_len, status)) != KDT_OK) {
+        free(table);
+        free(len);
+        return s;
     }
     for (int32_t b = 0; b < B && s == KDT_OK; b++) {
         if (status[b] != 0 || new_len[b] < 0 || new_len[b] > len[b])
@@ -225,7 +354,8 @@ kdt_status kdt_cache_commit(kdt_cache *c, int32_t B, const int32_t *req, int32_t
         if (status[b] == 0 && new_len[b] >= 0 && new_len[b] <= len[b]) shrink(c, req[b], new_len[b]);
     free(table);
     free(len);
-    return s;
+    kdt_status sync = cache_sync(c);
+    return s != KDT_OK ? s : sync;
 }
 
 /* ---- forward ---- */
@@ -272,7 +402,6 @@ static kdt_status check_batch(const kdt_model *m, const kdt_cache *c, const kdt_
 }
 
 kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, float *logits, float *hidden, void *stream) {
-    (void)stream;
     if (!m || !c || !bt) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: model, cache or batch is NULL");
     if (c->model != m) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: the cache was made for another model");
     int64_t R = 0;
@@ -285,10 +414,12 @@ kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, fl
         for (int32_t i = 0; i < bt->n_rows[b]; i++, r++) pos[r] = bt->positions ? bt->positions[r] : start[b] + i;
         grow(c, bt->req[b], start[b] + bt->n_rows[b]);
     }
-    s = kdt_forward_cpu(m, c, bt, start, pos, logits, hidden);
+    s = m->backend == KDT_BACKEND_CUDA ? kdt_forward_cuda(m, c, bt, start, pos, logits, hidden, stream)
+                                       : kdt_forward_cpu(m, c, bt, start, pos, logits, hidden);
     if (s != KDT_OK)
         for (int32_t b = 0; b < bt->B; b++) shrink(c, bt->req[b], start[b]);
     free(start);
     free(pos);
-    return s;
+    kdt_status sync = cache_sync(c);
+    return s != KDT_OK ? s : sync;
 }

@@ -1,8 +1,9 @@
 /* Loading a model folder: config.json, then every tensor the config calls for, checked for
- * presence, dtype and shape, converted to f32 for the CPU backend. Experts come one tensor per
- * expert (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight, the hub's layout) or fused
- * (model.layers.L.mlp.experts.gate_up_proj [E, 2I, hidden], gate rows first, and
- * model.layers.L.mlp.experts.down_proj [E, hidden, I], transformers 5's), chosen per layer. */
+ * presence, dtype and shape, converted to f32 (and for the CUDA backend uploaded piece by piece).
+ * Experts come one tensor per expert (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight,
+ * the hub's layout) or fused (model.layers.L.mlp.experts.gate_up_proj [E, 2I, hidden], gate rows
+ * first, and model.layers.L.mlp.experts.down_proj [E, hidden, I], transformers 5's), chosen per
+ * layer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +180,19 @@ static kdt_status load_layer(const loader *ld, int32_t l) {
 }
 
 kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_model **out) {
+    return kdt_model_load_as(dir, backend, backend == KDT_BACKEND_CUDA ? KDT_BF16 : KDT_F32, out);
+}
+
+/* CUDA: each piece goes to the device as soon as it is loaded, and its host f32 copies (the
+ * buffers made since n_allocs was `from`) are freed, so the host holds at most one layer. */
+static kdt_status offload(kdt_model *m, int32_t layer, size_t from) {
+    if (m->backend != KDT_BACKEND_CUDA) return KDT_OK;
+    kdt_status s = layer < 0 ? kdt_model_upload_top(m) : kdt_model_upload_layer(m, layer);
+    kdt_model_release_bufs(m, from);
+    return s;
+}
+
+kdt_status kdt_model_load_as(const char *dir, kdt_backend backend, kdt_dtype dtype, kdt_model **out) {
     if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load: out is NULL");
     *out = NULL;
     if (!dir) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load: dir is NULL");
@@ -194,7 +208,7 @@ kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_model **out)
     free(text);
     if (s != KDT_OK) return s;
     kdt_model *m;
-    if ((s = kdt_model_alloc(&m, &cfg, backend)) != KDT_OK) return s;
+    if ((s = kdt_model_alloc(&m, &cfg, backend, dtype)) != KDT_OK) return s;
     kdt_st *st;
     if ((s = kdt_st_open_dir(dir, &st)) != KDT_OK) { kdt_model_free(m); return s; }
     const loader ld = {.m = m, .st = st, .dir = dir};
@@ -203,7 +217,12 @@ kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_model **out)
     if (s == KDT_OK) s = load(&ld, "model.norm.weight", D1(hid), &m->final_norm);
     if (s == KDT_OK && cfg.tie_word_embeddings) m->lm_head = m->embed;
     else if (s == KDT_OK) s = load(&ld, "lm_head.weight", D2(V, hid), &m->lm_head);
-    for (int32_t l = 0; l < cfg.num_hidden_layers && s == KDT_OK; l++) s = load_layer(&ld, l);
+    if (s == KDT_OK) s = offload(m, -1, 0);
+    for (int32_t l = 0; l < cfg.num_hidden_layers && s == KDT_OK; l++) {
+        const size_t from = m->n_allocs;
+        s = load_layer(&ld, l);
+        if (s == KDT_OK) s = offload(m, l, from);
+    }
     if (s == KDT_OK) s = kdt_model_finish(m);
     kdt_st_close(st);
     if (s != KDT_OK) { kdt_model_free(m); return s; }

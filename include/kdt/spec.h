@@ -1,0 +1,135 @@
+/* Speculative decoding (issue 9): the loop and its drafters.
+ *
+ * Each step, for every unfinished request of a batch: a drafter proposes D positions of K
+ * candidates (scores / tokens [B, D, K], SPEC 2.1's inputs), kdt_tree_build keeps the N best
+ * nodes, the target model runs once over the tree rows (root + nodes, tree_build's positions
+ * and mask), the greedy argmax of each row's logits is the target's prediction, kdt_tree_accept
+ * keeps the longest confirmed path plus the bonus token and kdt_cache_commit compacts the cache.
+ * Greedy acceptance is lossless: the output is the target's greedy decoding, token for token,
+ * whatever the drafter proposes (docs/spec.md gives the argument). */
+#pragma once
+
+#include "kdt/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Drafters ----
+ * A drafter is a struct of function pointers and its state; the loop calls begin once per run,
+ * then for each step propose and observe. Requests live in slots 0 .. slots - 1 for the whole
+ * run. The loop owns each request's history (host tokens: the prompt, then what was generated;
+ * the last token is the root, already decided, not yet in the target's cache). */
+
+typedef struct kdt_draft_setup {
+    int32_t slots;              /* requests of the run */
+    int32_t max_len;            /* longest history any request reaches */
+    int32_t D, K;               /* draft depth, candidates per depth */
+    int32_t vocab_size;         /* the target's: every proposed token is below it */
+    int32_t hidden_size;        /* the target's (what its hidden states hold) */
+    kdt_backend backend;        /* where propose writes and where hidden states live */
+    void *stream;               /* CUDA stream of the run (NULL on CPU) */
+} kdt_draft_setup;
+
+/* The requests of one step. Host memory. */
+typedef struct kdt_draft_ctx {
+    int32_t B;                      /* requests this step, 1 .. slots */
+    const int32_t *slot;            /* [B] */
+    const int32_t *const *history;  /* [B] each request's tokens, host */
+    const int32_t *hist_len;        /* [B] >= 1; the root is history[b][hist_len[b] - 1] */
+} kdt_draft_ctx;
+
+/* What a step (or the prefill) added, given to observe with the ctx of that step, hist_len
+ * updated. The hidden-state fields are set only for a drafter with wants_hidden (else NULL):
+ * the target's final hidden states (after the last norm) of every row it ran, backend memory.
+ * At the prefill the rows are the prompt (all kept); at a step they are the tree rows, of which
+ * the accepted path's (accept_index) are kept: the last kept row's state predicted the bonus. */
+typedef struct kdt_draft_feedback {
+    int32_t prefill;                /* 1 after the prefill, 0 after a step */
+    const int32_t *n_new;           /* [B] tokens appended to the history (prefill: the first token) */
+    const int32_t *accept_len;      /* [B] draft tokens accepted (0 at the prefill) */
+    const float *hidden;            /* [R, hidden_size] */
+    const int32_t *row_start;       /* [B] host: request b's rows start here */
+    const int32_t *n_rows;          /* [B] host */
+    const int32_t *accept_index;    /* [B, Q] host: kept tree rows, root first; NULL at the prefill */
+    int32_t Q;                      /* accept_index's row stride */
+} kdt_draft_feedback;
+
+typedef struct kdt_drafter {
+    const char *name;
+    void *state;
+    int32_t wants_hidden;           /* 1: the loop asks the target for hidden states for observe */
+    /* A new run: every slot starts empty. May be called again for a later run. */
+    kdt_status (*begin)(void *state, const kdt_draft_setup *setup);
+    /* Writes scores f32 [B, D, K] (log-probabilities, non-increasing within each (b, d); -inf
+     * trails a row with fewer than K candidates) and tokens i32 [B, D, K] in backend memory:
+     * candidate k of depth d is a guess of the token d + 1 places after the root. */
+    kdt_status (*propose)(void *state, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens);
+    kdt_status (*observe)(void *state, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb);
+    void (*destroy)(void *state);
+} kdt_drafter;
+
+/* Prompt lookup, model-free: the last n-gram of history + the draft path so far (n = 3, then 2,
+ * then 1) is looked up in the history; the tokens that followed it, ranked by how often (then
+ * by how recently), are depth d's K candidates with log(count / matches) as scores; the top one
+ * extends the path for depth d + 1. Computed on the host, copied to the device on CUDA. */
+KDT_API kdt_status kdt_drafter_lookup(kdt_drafter **out);
+
+/* A draft model of the target's vocabulary run greedily for D steps over its own paged cache
+ * (rolled back to the accepted tokens after each step): depth d's candidates are the top K of
+ * its logits with log-softmax scores. `draft` stays the caller's; it must outlive the drafter. */
+KDT_API kdt_status kdt_drafter_model(kdt_model *draft, kdt_drafter **out);
+
+KDT_API void kdt_drafter_free(kdt_drafter *d);   /* destroy(state), then the struct */
+
+/* Loads the checkpoint folder dir as kdt_model_load does, keeping only its first num_layers
+ * layers (num_hidden_layers overridden, first_k_dense_replace capped to it; the embedding, final
+ * norm and LM head are the checkpoint's): the target with fewer layers, as a draft model. Goes
+ * through a temporary folder holding the edited config.json and links to the weight files. */
+KDT_API kdt_status kdt_draft_model_load(const char *dir, int32_t num_layers, kdt_backend backend, kdt_model **out);
+
+/* ---- The loop ---- */
+
+typedef struct kdt_spec_request {
+    const int32_t *prompt;      /* [prompt_len] host */
+    int32_t prompt_len;         /* >= 1 */
+    int32_t max_new;            /* tokens to generate, >= 0 */
+    int32_t *out;               /* [max_new] host, out: the generated tokens */
+    int32_t n_out;              /* out: tokens written (< max_new when eos ended the request) */
+    int32_t steps;              /* out: verification steps the request took part in */
+    int32_t accepted;           /* out: draft tokens it accepted over those steps */
+} kdt_spec_request;
+
+typedef struct kdt_spec_params {
+    int32_t depth, topk, budget;  /* D (1 .. 64), K (1 .. 64), N (1 .. 1024); unused without a drafter */
+    int32_t eos;                  /* a token that ends its request once emitted; -1: none */
+    int32_t pad_tree;             /* 0: each request verifies num_nodes + 1 rows; 1: always N + 1 rows
+                                     (fill rows see only themselves; static shapes) */
+    int32_t sync_timing;          /* CUDA: synchronize after each phase so that the split is exact */
+} kdt_spec_params;
+
+/* Times in seconds, host clock (after a synchronize on CUDA when sync_timing). */
+typedef struct kdt_spec_stats {
+    int64_t steps;              /* loop iterations after the prefill */
+    int64_t request_steps;      /* sum over steps of the requests in them */
+    int64_t tokens;             /* tokens emitted, prefill's first tokens included */
+    int64_t accepted;           /* draft tokens accepted: mean accepted length = accepted / request_steps */
+    int64_t drafted;            /* tree nodes verified (root excluded) */
+    double t_prefill;           /* prompt forward, first tokens, the drafter's first observe */
+    double t_draft;             /* propose + observe */
+    double t_tree;              /* tree_build */
+    double t_verify;            /* target forward over the tree rows + argmax */
+    double t_accept;            /* tree_accept + reading the emitted tokens */
+    double t_commit;            /* cache commit */
+    double t_total;             /* the whole call */
+} kdt_spec_stats;
+
+/* Generates for B requests with the target m: speculative with `drafter`, plain greedy decoding
+ * (one row per request and step) when drafter is NULL. Creates and frees its own cache. Every
+ * request pointer is host memory; stream is the CUDA stream (NULL on CPU). stats may be NULL. */
+KDT_API kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *drafter, const kdt_spec_params *p, int32_t B,
+                                     kdt_spec_request *reqs, kdt_spec_stats *stats, void *stream);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,528 @@
+/* The model's CUDA forward: the CPU reference's steps (src/model/forward_cpu.c) with the
+ * projections in cuBLAS (bf16 or f32 operands, f32 accumulation), the rest in the kernels of
+ * model_kernels.cu, attention through verify_attn over the paged latent cache, and the MoE routed
+ * on the device. Activations between GEMMs are in the model's dtype; the residual stream, norms,
+ * rope, the router and every GEMM output that feeds a non-linearity are f32.
+ *
+ * A forward uploads its small inputs (tokens, positions, cache slots, block-table rows, masks)
+ * in one copy, runs every layer on the caller's stream, and waits once per MoE layer (the
+ * expert row counts size the expert GEMMs) and at the end (the outputs). Scratch memory is the
+ * model's, grown as batches grow, so a model serves one forward at a time. */
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include <cublas_v2.h>
+
+#include "cuda/cuda_common.cuh"
+#include "cuda/model_kernels.h"
+#include "kdt/ops.h"
+#include "model/cuda.h"
+
+#define KDT_CUBLAS_CHECK(call)                                                                   \
+    do {                                                                                         \
+        cublasStatus_t kdt_b_ = (call);                                                          \
+        if (kdt_b_ != CUBLAS_STATUS_SUCCESS)                                                     \
+            return kdt_fail(KDT_ERR_CUDA, "%s:%d: %s: %s", __FILE__, __LINE__, #call,            \
+                            cublasGetStatusString(kdt_b_));                                      \
+    } while (0)
+
+#define TRY(call)                                                                                \
+    do {                                                                                         \
+        kdt_status kdt_s_ = (call);                                                              \
+        if (kdt_s_ != KDT_OK) return kdt_s_;                                                     \
+    } while (0)
+
+/* The q_a and kv_a norms use transformers' default eps, as on the CPU. */
+#define LORA_NORM_EPS 1e-6f
+
+struct kdt_cuda_ctx {
+    cublasHandle_t blas;
+    void *ws;                    /* device scratch of a forward */
+    size_t ws_bytes;
+    void *hin, *din;             /* a forward's inputs: pinned host staging, device copy */
+    size_t hin_bytes, din_bytes;
+    int32_t *h_counts;           /* pinned [E]: rows per expert of one MoE layer */
+};
+
+namespace {
+
+size_t align_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Hands out 256-byte aligned pieces of one buffer; with base NULL it only measures. */
+struct Bump {
+    char *base;
+    size_t off;
+    template <typename P> void take(P **p, size_t bytes) {
+        off = align_up(off);
+        *p = base ? (P *)(base + off) : nullptr;
+        off += bytes;
+    }
+};
+
+/* One verify_attn call: B requests of Q rows each, consecutive in the batch. */
+struct Call {
+    int32_t B, Q;
+    int32_t entry;               /* first of its B entries (kv_len and block-table row) */
+    int64_t row;                 /* first row */
+    int64_t mask_off;            /* its [B, Q, Q] mask in the forward's mask bytes */
+    int whole;                   /* each request's rows are all in this call (can take more requests) */
+};
+
+/* The attention calls of a batch. A tree is one call per request; a chain is cut in chunks of at
+ * most KDT_MODEL_MAX_TREE rows, each seeing the rows before it. Requests with the same row count,
+ * next to each other and not chunked, share a call (decode steps, equal trees). */
+struct Plan {
+    Call *calls;
+    int32_t n_calls;
+    int32_t *entry_req, *entry_len; /* [n_entries] cache slot, kv_len */
+    int32_t n_entries;
+    int64_t mask_bytes;          /* tree: the batch's masks; chain: causal masks of every chunk */
+};
+
+void plan_free(Plan *p) {
+    free(p->calls);
+    free(p->entry_req);
+    free(p->entry_len);
+}
+
+kdt_status plan_build(const kdt_batch *bt, const int32_t *start, Plan *p) {
+    *p = Plan{};
+    int64_t segs = 0;
+    for (int32_t b = 0; b < bt->B; b++)
+        segs += bt->tree_mask ? 1 : (bt->n_rows[b] + KDT_MODEL_MAX_TREE - 1) / KDT_MODEL_MAX_TREE;
+    p->calls = (Call *)malloc((size_t)segs * sizeof(Call));
+    p->entry_req = (int32_t *)malloc((size_t)segs * sizeof(int32_t));
+    p->entry_len = (int32_t *)malloc((size_t)segs * sizeof(int32_t));
+    if (!p->calls || !p->entry_req || !p->entry_len) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");
+    int64_t row = 0;
+    for (int32_t b = 0; b < bt->B; b++) {
+        const int32_t n = bt->n_rows[b];
+        for (int32_t s0 = 0; s0 < n;) {
+            const int32_t q = bt->tree_mask || n - s0 <= KDT_MODEL_MAX_TREE ? n - s0 : KDT_MODEL_MAX_TREE;
+            Call *last = p->n_calls ? &p->calls[p->n_calls - 1] : nullptr;
+            if (q == n && last && last->whole && last->Q == q && last->row + (int64_t)last->B * q == row) {
+                last->B++;
+            } else {
+                p->calls[p->n_calls++] = Call{1, q, p->n_entries, row + s0, p->mask_bytes, q == n};
+            }
+            p->mask_bytes += (int64_t)q * q; /* a tree's mask or this chunk's causal mask, in batch order */
+            p->entry_req[p->n_entries] = bt->req[b];
+            p->entry_len[p->n_entries] = start[b] + s0 + q;
+            p->n_entries++;
+            s0 += q;
+        }
+        row += n;
+    }
+    return KDT_OK;
+}
+
+/* Device pointers of a forward's inputs and scratch. */
+struct Bufs {
+    /* inputs */
+    int32_t *tokens, *pos, *last, *kv_len, *tables;
+    int64_t *slots;
+    uint8_t *masks;
+    /* scratch */
+    float *x, *hf, *cs, *sn, *a_out, *q, *lse, *gu, *ye, *rlog, *gw, *logits;
+    void *hn, *qa, *qn, *qabs, *olat, *ov, *act, *xe;
+    int32_t *gi, *counts, *perm, *posa;
+};
+
+struct Dims {
+    int64_t R, RL;               /* rows; logit rows (R or B) */
+    int32_t B, hid, H, nope, rope, half, qk, Dv, Dqk, vd, ql, qw, Wa, E, K, V, MB;
+    size_t es;                   /* bytes per activation */
+    kdt_dtype dt;
+    cudaDataType ct;             /* the same as a cuBLAS type */
+};
+
+Dims dims_of(const kdt_model *m, const kdt_cache *c, const kdt_batch *bt, int64_t R) {
+    const kdt_model_config *f = &m->cfg;
+    Dims d;
+    d.R = R;
+    d.B = bt->B;
+    d.RL = bt->logits_rows == KDT_LOGITS_LAST ? bt->B : R;
+    d.hid = f->hidden_size;
+    d.H = f->num_attention_heads;
+    d.nope = f->qk_nope_head_dim;
+    d.rope = f->qk_rope_head_dim;
+    d.half = d.rope / 2;
+    d.qk = d.nope + d.rope;
+    d.Dv = f->kv_lora_rank;
+    d.Dqk = d.Dv + d.rope;
+    d.vd = f->v_head_dim;
+    d.ql = f->q_lora_rank;
+    d.qw = d.ql ? d.ql : d.H * d.qk;
+    d.Wa = d.qw + d.Dqk;
+    d.E = f->n_routed_experts;
+    d.K = f->num_experts_per_tok;
+    d.V = f->vocab_size;
+    d.MB = c->MB;
+    d.dt = m->dtype;
+    d.es = kdt_dtype_size(m->dtype);
+    d.ct = m->dtype == KDT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    return d;
+}
+
+void layout_inputs(Bump &b, Bufs &u, const Dims &d, const Plan &p) {
+    b.take(&u.tokens, (size_t)d.R * 4);
+    b.take(&u.pos, (size_t)d.R * 4);
+    b.take(&u.slots, (size_t)d.R * 8);
+    b.take(&u.last, (size_t)d.B * 4);
+    b.take(&u.kv_len, (size_t)p.n_entries * 4);
+    b.take(&u.tables, (size_t)p.n_entries * d.MB * 4);
+    b.take(&u.masks, (size_t)p.mask_bytes);
+}
+
+void layout_scratch(Bump &b, Bufs &u, const Dims &d, const kdt_model_config *f) {
+    const size_t R = (size_t)d.R, es = d.es, RK = (size_t)d.R * (d.E ? d.K : 0);
+    size_t gu = R * 2 * (size_t)f->intermediate_size;
+    if (d.E) {
+        const size_t Im = (size_t)f->moe_intermediate_size, sh = R * 2 * Im * f->n_shared_experts;
+        gu = gu > RK * 2 * Im ? gu : RK * 2 * Im;
+        gu = gu > sh ? gu : sh;
+    }
+    b.take(&u.x, R * d.hid * 4);
+    b.take(&u.hf, R * d.hid * 4);
+    b.take(&u.hn, R * d.hid * es);
+    b.take(&u.cs, R * d.half * 4);
+    b.take(&u.sn, R * d.half * 4);
+    b.take(&u.a_out, R * d.Wa * 4);
+    b.take(&u.qa, R * d.ql * es);
+    b.take(&u.q, d.ql ? R * d.H * d.qk * 4 : 0);
+    b.take(&u.qn, R * d.H * d.nope * es);
+    b.take(&u.qabs, R * d.H * d.Dqk * es);
+    b.take(&u.olat, R * d.H * d.Dv * es);
+    b.take(&u.lse, R * d.H * 4);
+    b.take(&u.ov, R * d.H * d.vd * es);
+    b.take(&u.gu, gu * 4);
+    b.take(&u.act, gu / 2 * es);
+    b.take(&u.rlog, R * d.E * 4);
+    b.take(&u.gi, RK * 4);
+    b.take(&u.gw, RK * 4);
+    b.take(&u.counts, (size_t)d.E * 4);
+    b.take(&u.perm, RK * 4);
+    b.take(&u.posa, RK * 4);
+    b.take(&u.xe, RK * d.hid * es);
+    b.take(&u.ye, RK * d.hid * 4);
+    b.take(&u.logits, (size_t)d.RL * d.V * 4);
+}
+
+/* The model's cuBLAS handle and scratch, made by its first forward. */
+kdt_status ctx_make(const kdt_model *m, kdt_cuda_ctx *x) {
+    KDT_CUBLAS_CHECK(cublasCreate(&x->blas));
+    /* No split-K reductions in bf16: outputs are rounded once. */
+    KDT_CUBLAS_CHECK(cublasSetMathMode(x->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    const size_t E = (size_t)(m->cfg.n_routed_experts > 0 ? m->cfg.n_routed_experts : 1);
+    KDT_CUDA_CHECK(cudaMallocHost((void **)&x->h_counts, E * sizeof(int32_t)));
+    return KDT_OK;
+}
+
+kdt_status ctx_get(kdt_model *m, kdt_cuda_ctx **out) {
+    if (!m->ctx) {
+        kdt_cuda_ctx *x = (kdt_cuda_ctx *)calloc(1, sizeof *x);
+        if (!x) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");
+        const kdt_status s = ctx_make(m, x);
+        if (s != KDT_OK) {
+            kdt_cuda_ctx_free(x);
+            return s;
+        }
+        m->ctx = x;
+    }
+    *out = m->ctx;
+    return KDT_OK;
+}
+
+/* Grows *buf (device, or pinned host) to `need` bytes; the previous forward is over (each one
+ * waits for its stream before returning). New device scratch is filled with 0xFF (NaN), so that
+ * a read of something never written shows in the outputs. */
+kdt_status grow(void **buf, size_t *have, size_t need, int pinned) {
+    if (need <= *have) return KDT_OK;
+    if (*buf && pinned) KDT_CUDA_CHECK(cudaFreeHost(*buf));
+    else if (*buf) KDT_CUDA_CHECK(cudaFree(*buf));
+    *buf = nullptr;
+    *have = 0;
+    need += need / 4; /* some room for the next, larger batch */
+    cudaError_t e = pinned ? cudaMallocHost(buf, need) : cudaMalloc(buf, need);
+    if (e != cudaSuccess) {
+        *buf = nullptr;
+        return kdt_fail(e == cudaErrorMemoryAllocation ? KDT_ERR_NOMEM : KDT_ERR_CUDA,
+                        "forward: %s of %zu bytes of scratch: %s", pinned ? "cudaMallocHost" : "cudaMalloc", need,
+                        cudaGetErrorString(e));
+    }
+    if (!pinned) {
+        KDT_CUDA_CHECK(cudaMemset(*buf, 0xFF, need));
+        KDT_CUDA_CHECK(cudaDeviceSynchronize()); /* before the forward's stream, which may not wait for this one */
+    }
+    *have = need;
+    return KDT_OK;
+}
+
+/* ---- cuBLAS ---- */
+
+/* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) . W^T + beta * y, W [N, K] row-major
+ * (row stride ldw): one column-major GEMM y^T = W . x^T. f32 accumulation. */
+kdt_status gemm(cublasHandle_t h, int64_t M, int64_t N, int64_t K, const void *W, cudaDataType wt, int64_t ldw, const void *x,
+                cudaDataType xt, int64_t ldx, void *y, cudaDataType yt, int64_t ldy, float beta) {
+    if (M == 0 || N == 0) return KDT_OK;
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || ldw > INT_MAX || ldx > INT_MAX || ldy > INT_MAX)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: a GEMM of %lld x %lld x %lld is too large for cuBLAS", (long long)M,
+                        (long long)N, (long long)K);
+    const float alpha = 1.0f;
+    KDT_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, W, wt, (int)ldw, x, xt, (int)ldx,
+                                  &beta, y, yt, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return KDT_OK;
+}
+
+/* The per-head products of absorbed MLA, one strided batched GEMM over the H heads of kv_b
+ * [H, nope + v, Dv] (dt):
+ *   absorb: qabs[r, h, :Dv] = qn[r, h, :] . W_UK_h   (W_UK_h [nope, Dv], the first nope rows)
+ *   values: ov[r, h, :]     = olat[r, h, :] . W_UV_h^T (W_UV_h [v, Dv], the next v rows) */
+kdt_status absorb_query(cublasHandle_t h, const Dims &d, const void *kv_b, const void *qn, void *qabs) {
+    const float alpha = 1.0f, beta = 0.0f;
+    const long long w_stride = (long long)(d.nope + d.vd) * d.Dv;
+    KDT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, d.Dv, (int)d.R, d.nope, &alpha, kv_b, d.ct, d.Dv,
+                                                w_stride, qn, d.ct, d.H * d.nope, d.nope, &beta, qabs, d.ct, d.H * d.Dqk, d.Dqk,
+                                                d.H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return KDT_OK;
+}
+
+kdt_status apply_values(cublasHandle_t h, const Dims &d, const void *kv_b, const void *olat, void *ov) {
+    const float alpha = 1.0f, beta = 0.0f;
+    const long long w_stride = (long long)(d.nope + d.vd) * d.Dv;
+    const void *wuv = (const char *)kv_b + (size_t)d.nope * d.Dv * d.es;
+    KDT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, d.vd, (int)d.R, d.Dv, &alpha, wuv, d.ct, d.Dv,
+                                                w_stride, olat, d.ct, d.H * d.Dv, d.Dv, &beta, ov, d.ct, d.H * d.vd, d.vd, d.H,
+                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return KDT_OK;
+}
+
+/* ---- layers ---- */
+
+struct Fwd {
+    kdt_model *m;
+    kdt_cache *c;
+    kdt_cuda_ctx *x;
+    const Plan *plan;
+    Dims d;
+    Bufs u;
+    cudaStream_t s;
+};
+
+/* MLA attention of layer l: u.hn [R, hidden] in, x += o_proj(attention). */
+kdt_status attention(Fwd &f, int32_t l) {
+    const Dims &d = f.d;
+    const Bufs &u = f.u;
+    const kdt_layer_dw *L = &f.m->dlayers[l];
+    const kdt_model_config *cf = &f.m->cfg;
+    cublasHandle_t h = f.x->blas;
+    /* [q_a | kv_a] (or [q_proj | kv_a]) of the normed rows: a_out [R, Wa] f32 */
+    TRY(gemm(h, d.R, d.Wa, d.hid, L->attn_in, d.ct, d.hid, u.hn, d.ct, d.hid, u.a_out, CUDA_R_32F, d.Wa, 0.0f));
+    const float *q = u.a_out;
+    int64_t q_ld = d.Wa;
+    if (d.ql) {
+        TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
+        TRY(gemm(h, d.R, (int64_t)d.H * d.qk, d.ql, L->q_b, d.ct, d.ql, u.qa, d.ct, d.ql, u.q, CUDA_R_32F, (int64_t)d.H * d.qk,
+                 0.0f));
+        q = u.q;
+        q_ld = (int64_t)d.H * d.qk;
+    }
+    TRY(kdt_mk_kv_append(u.a_out + d.qw, d.Wa, L->kv_a_norm, LORA_NORM_EPS, u.cs, u.sn, u.slots, d.R, d.Dv, d.rope,
+                         cf->rope_interleave, f.c->dpool[l], d.dt, f.s));
+    TRY(kdt_mk_q_prep(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, u.qn, u.qabs, d.dt, f.s));
+    if (d.nope) TRY(absorb_query(h, d, L->kv_b, u.qn, u.qabs));
+    else KDT_CUDA_CHECK(cudaMemset2DAsync(u.qabs, (size_t)d.Dqk * d.es, 0, (size_t)d.Dv * d.es, (size_t)(d.R * d.H), f.s));
+    for (int32_t i = 0; i < f.plan->n_calls; i++) {
+        const Call &k = f.plan->calls[i];
+        kdt_verify_attn_params p = {};
+        p.B = k.B;
+        p.Q = k.Q;
+        p.H = d.H;
+        p.Dv = d.Dv;
+        p.Dr = d.rope;
+        p.dtype = d.dt;
+        p.q = (const char *)u.qabs + (size_t)k.row * d.H * d.Dqk * d.es;
+        p.kv_cache = f.c->dpool[l];
+        p.NB = f.c->NB;
+        p.BS = KDT_CACHE_BLOCK;
+        p.block_table = u.tables + (size_t)k.entry * d.MB;
+        p.MB = d.MB;
+        p.kv_len = u.kv_len + k.entry;
+        p.tree_mask = u.masks + k.mask_off;
+        p.sm_scale = (float)cf->softmax_scale;
+        p.o = (char *)u.olat + (size_t)k.row * d.H * d.Dv * d.es;
+        p.lse = u.lse + k.row * d.H;
+        TRY(kdt_verify_attn(&p, KDT_BACKEND_CUDA, f.s));
+    }
+    TRY(apply_values(h, d, L->kv_b, u.olat, u.ov));
+    const int64_t hv = (int64_t)d.H * d.vd;
+    return gemm(h, d.R, d.hid, hv, L->o, d.ct, hv, u.ov, d.ct, hv, u.x, CUDA_R_32F, d.hid, 1.0f);
+}
+
+/* A SiLU-gated MLP on the rows u.hn [R, hidden] (dt): x += down(silu(gate hn) * up hn). */
+kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
+    const Dims &d = f.d;
+    const int64_t I = w->inter;
+    TRY(gemm(f.x->blas, d.R, 2 * I, d.hid, w->gate_up, d.ct, d.hid, f.u.hn, d.ct, d.hid, f.u.gu, CUDA_R_32F, 2 * I, 0.0f));
+    TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
+    return gemm(f.x->blas, d.R, d.hid, I, w->down, d.ct, I, f.u.act, d.ct, I, f.u.x, CUDA_R_32F, d.hid, 1.0f);
+}
+
+/* Routed experts then the shared ones: u.hn (dt) and u.hf (f32, the router's input) in, x += out.
+ * The rows of each expert are gathered next to each other, so that an expert is two GEMMs. */
+kdt_status moe(Fwd &f, int32_t l) {
+    const Dims &d = f.d;
+    const Bufs &u = f.u;
+    const kdt_layer_dw *L = &f.m->dlayers[l];
+    const kdt_model_config *cf = &f.m->cfg;
+    cublasHandle_t h = f.x->blas;
+    const int64_t RK = d.R * d.K, I = cf->moe_intermediate_size;
+    TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+    TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
+                     cf->routed_scaling_factor, u.gi, u.gw, f.s));
+    TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.perm, u.posa, f.s));
+    KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->h_counts, u.counts, (size_t)d.E * sizeof(int32_t), cudaMemcpyDeviceToHost, f.s));
+    KDT_CUDA_CHECK(cudaStreamSynchronize(f.s));
+    int64_t total = 0;
+    for (int32_t e = 0; e < d.E; e++) total += f.x->h_counts[e];
+    if (total > RK) return kdt_fail(KDT_ERR_INTERNAL, "forward: layer %d routed %lld rows, more than %lld", l, (long long)total,
+                                    (long long)RK);
+    TRY(kdt_mk_gather_rows(u.hn, u.perm, total, d.K, d.hid, u.xe, d.dt, f.s));
+    const size_t gu_bytes = (size_t)2 * I * d.hid * d.es, down_bytes = (size_t)d.hid * I * d.es;
+    for (int64_t e = 0, off = 0; e < d.E; off += f.x->h_counts[e], e++)
+        TRY(gemm(h, f.x->h_counts[e], 2 * I, d.hid, (const char *)L->exp_gate_up + e * gu_bytes, d.ct, d.hid,
+                 (const char *)u.xe + off * d.hid * d.es, d.ct, d.hid, u.gu + off * 2 * I, CUDA_R_32F, 2 * I, 0.0f));
+    TRY(kdt_mk_silu_mul(u.gu, total, (int32_t)I, u.act, d.dt, f.s));
+    for (int64_t e = 0, off = 0; e < d.E; off += f.x->h_counts[e], e++)
+        TRY(gemm(h, f.x->h_counts[e], d.hid, I, (const char *)L->exp_down + e * down_bytes, d.ct, I,
+                 (const char *)u.act + off * I * d.es, d.ct, I, u.ye + off * d.hid, CUDA_R_32F, d.hid, 0.0f));
+    TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
+    return L->shared.inter ? mlp(f, &L->shared) : KDT_OK;
+}
+
+/* Host side of the inputs: tokens, positions, each row's cache row, LOGITS_LAST rows, the
+ * attention entries' kv_len and block-table rows, the masks (the batch's trees, or causal). */
+void fill_inputs(const kdt_cache *c, const kdt_batch *bt, const int32_t *start, const int32_t *pos, const Plan &p,
+                 const Dims &d, const Bufs &h) {
+    memcpy(h.tokens, bt->tokens, (size_t)d.R * 4);
+    memcpy(h.pos, pos, (size_t)d.R * 4);
+    for (int32_t b = 0, r = 0, last = -1; b < bt->B; b++) {
+        const int32_t *table = c->block_table + (size_t)bt->req[b] * c->MB;
+        for (int32_t i = 0; i < bt->n_rows[b]; i++, r++) {
+            const int32_t slot = start[b] + i;
+            h.slots[r] = (int64_t)table[slot / KDT_CACHE_BLOCK] * KDT_CACHE_BLOCK + slot % KDT_CACHE_BLOCK;
+        }
+        last += bt->n_rows[b];
+        h.last[b] = last;
+    }
+    for (int32_t e = 0; e < p.n_entries; e++) {
+        h.kv_len[e] = p.entry_len[e];
+        memcpy(h.tables + (size_t)e * d.MB, c->block_table + (size_t)p.entry_req[e] * c->MB, (size_t)d.MB * 4);
+    }
+    if (bt->tree_mask) {
+        memcpy(h.masks, bt->tree_mask, (size_t)p.mask_bytes);
+        return;
+    }
+    uint8_t *mk = h.masks;
+    for (int32_t i = 0; i < p.n_calls; i++)
+        for (int32_t b = 0; b < p.calls[i].B; b++) {
+            const int32_t Q = p.calls[i].Q;
+            for (int32_t r = 0; r < Q; r++)
+                for (int32_t j = 0; j < Q; j++) *mk++ = j <= r;
+        }
+}
+
+/* Device memory (written in place by the last kernels), or host memory (copied to). */
+bool on_device(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* older runtimes fail on plain host pointers */
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
+    const Dims &d = f.d;
+    const Bufs &u = f.u;
+    const kdt_model *m = f.m;
+    const kdt_model_config *cf = &m->cfg;
+    KDT_CUBLAS_CHECK(cublasSetStream(f.x->blas, f.s));
+    TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, u.tokens, d.R, d.hid, f.s));
+    TRY(kdt_mk_rope_table(u.cs, u.sn, u.pos, m->d_inv_freq, d.R, d.half, (float)cf->rope_attention_factor, f.s));
+    for (int32_t l = 0; l < cf->num_hidden_layers; l++) {
+        const kdt_layer_dw *L = &m->dlayers[l];
+        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->attn_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt, f.s));
+        TRY(attention(f, l));
+        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, L->is_moe ? u.hf : nullptr, d.hid,
+                           u.hn, d.hid, d.dt, f.s));
+        TRY(L->is_moe ? moe(f, l) : mlp(f, &L->dense));
+    }
+    const int all = bt->logits_rows == KDT_LOGITS_ALL;
+    float *hid_out = hidden && on_device(hidden) ? hidden : u.hf, *log_out = logits && on_device(logits) ? logits : u.logits;
+    if (hidden || (logits && all))
+        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, hidden ? hid_out : nullptr, d.hid,
+                           logits && all ? u.hn : nullptr, d.hid, d.dt, f.s));
+    if (logits && !all)
+        TRY(kdt_mk_rmsnorm(u.x, d.hid, u.last, d.RL, d.hid, m->d_final_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt,
+                           f.s));
+    if (logits)
+        TRY(gemm(f.x->blas, d.RL, d.V, d.hid, m->d_lm_head, d.ct, d.hid, u.hn, d.ct, d.hid, log_out, CUDA_R_32F, d.V, 0.0f));
+    if (logits && log_out != logits)
+        KDT_CUDA_CHECK(cudaMemcpyAsync(logits, log_out, (size_t)d.RL * d.V * 4, cudaMemcpyDeviceToHost, f.s));
+    if (hidden && hid_out != hidden)
+        KDT_CUDA_CHECK(cudaMemcpyAsync(hidden, hid_out, (size_t)d.R * d.hid * 4, cudaMemcpyDeviceToHost, f.s));
+    KDT_CUDA_CHECK(cudaStreamSynchronize(f.s));
+    return KDT_OK;
+}
+
+/* Sizes the inputs and scratch, uploads the inputs, runs. */
+kdt_status forward_planned(Fwd &f, const Plan &plan, const kdt_batch *bt, const int32_t *start, const int32_t *pos,
+                           float *logits, float *hidden) {
+    f.plan = &plan;
+    Bufs hb = {};
+    Bump in = {nullptr, 0}, sc = {nullptr, 0};
+    layout_inputs(in, hb, f.d, plan);
+    layout_scratch(sc, f.u, f.d, &f.m->cfg);
+    TRY(grow(&f.x->hin, &f.x->hin_bytes, in.off, 1));
+    TRY(grow(&f.x->din, &f.x->din_bytes, in.off, 0));
+    TRY(grow(&f.x->ws, &f.x->ws_bytes, sc.off, 0));
+    Bump hp = {(char *)f.x->hin, 0}, dp = {(char *)f.x->din, 0}, wp = {(char *)f.x->ws, 0};
+    layout_inputs(hp, hb, f.d, plan);
+    layout_inputs(dp, f.u, f.d, plan);
+    layout_scratch(wp, f.u, f.d, &f.m->cfg);
+    fill_inputs(f.c, bt, start, pos, plan, f.d, hb);
+    KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->din, f.x->hin, in.off, cudaMemcpyHostToDevice, f.s));
+    return run(f, bt, logits, hidden);
+}
+
+} // namespace
+
+extern "C" void kdt_cuda_ctx_free(kdt_cuda_ctx *x) {
+    if (!x) return;
+    if (x->blas) (void)cublasDestroy(x->blas);
+    if (x->ws) (void)cudaFree(x->ws);
+    if (x->din) (void)cudaFree(x->din);
+    if (x->hin) (void)cudaFreeHost(x->hin);
+    if (x->h_counts) (void)cudaFreeHost(x->h_counts);
+    free(x);
+}
+
+extern "C" kdt_status kdt_forward_cuda(kdt_model *m, kdt_cache *c, const kdt_batch *bt, const int32_t *start,
+                                       const int32_t *positions, float *logits, float *hidden, void *stream) {
+    int64_t R = 0;
+    for (int32_t b = 0; b < bt->B; b++) R += bt->n_rows[b];
+    Fwd f = {};
+    f.m = m;
+    f.c = c;
+    f.s = (cudaStream_t)stream;
+    f.d = dims_of(m, c, bt, R);
+    TRY(ctx_get(m, &f.x));
+    Plan plan;
+    kdt_status s = plan_build(bt, start, &plan);
+    if (s == KDT_OK) s = forward_planned(f, plan, bt, start, positions, logits, hidden);
+    if (s != KDT_OK) (void)cudaStreamSynchronize(f.s); /* nothing of this forward is left running on the scratch */
+    plan_free(&plan);
+    return s;
+}

@@ -1,0 +1,433 @@
+/* Kernels of the model's CUDA forward (see model_kernels.h), and the device fills of
+ * src/model/cuda.h. Each step follows the CPU reference (src/model/forward_cpu.c) operation for
+ * operation in f32; only reduction orders differ. Element-wise kernels use grid-stride loops over
+ * int64 indices; row kernels take one block per row. */
+#include "cuda/cuda_common.cuh"
+#include "cuda/model_kernels.h"
+#include "model/cuda.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 1 << 16;
+constexpr int kMaxTopk = 64; /* CUDA_MAX_TOPK of src/model/model.c */
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+unsigned grid_for(int64_t n) {
+    const int64_t b = (n + kThreads - 1) / kThreads;
+    return (unsigned)(b < 1 ? 1 : b > kMaxBlocks ? kMaxBlocks : b);
+}
+
+#define GRID_STRIDE(i, n) \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < (int)(blockDim.x / 32) ? part[lane] : 0.f;
+        v = warp_sum(v);
+        if (lane == 0) total = v;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* 1 / sqrt(mean(x^2) + eps) of x [n], as the CPU writes it. */
+__device__ float rms_inv(const float *x, int n, float eps) {
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) ss = fmaf(x[j], x[j], ss);
+    ss = block_sum(ss);
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
+
+/* Output element i (< 2 * half) of rope over k [2 * half]: pair j = i % half is (k[2j], k[2j+1])
+ * interleaved or (k[j], k[j + half]) split; first elements rotated to i < half, second after. */
+__device__ __forceinline__ float rope_at(const float *k, int i, int half, float c, float s, int interleave) {
+    const int j = i < half ? i : i - half;
+    const float a = interleave ? k[2 * j] : k[j], b = interleave ? k[2 * j + 1] : k[j + half];
+    return i < half ? a * c - b * s : b * c + a * s;
+}
+
+template <typename T>
+__global__ void embed_kernel(float *x, const T *table, const int32_t *tok, int64_t R, int hid) {
+    GRID_STRIDE(i, R * hid) x[i] = to_f32(table[(int64_t)tok[i / hid] * hid + i % hid]);
+}
+
+template <typename T>
+__global__ void rmsnorm_kernel(const float *in, int64_t in_ld, const int32_t *rows, int n, const float *w, float eps,
+                               float *of, int64_t f_ld, T *oa, int64_t a_ld) {
+    const int64_t r = blockIdx.x;
+    const float *x = in + (rows ? (int64_t)rows[r] : r) * in_ld;
+    const float inv = rms_inv(x, n, eps);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const float y = w[j] * (x[j] * inv);
+        if (of) of[r * f_ld + j] = y;
+        if (oa) oa[r * a_ld + j] = from_f32<T>(y);
+    }
+}
+
+__global__ void rope_table_kernel(float *cs, float *sn, const int32_t *pos, const float *inv_freq, int64_t R, int half,
+                                  float factor) {
+    GRID_STRIDE(i, R * half) {
+        const float ang = (float)pos[i / half] * inv_freq[i % half];
+        cs[i] = (float)cos((double)ang) * factor;
+        sn[i] = (float)sin((double)ang) * factor;
+    }
+}
+
+template <typename T>
+__global__ void q_prep_kernel(const float *q, int64_t q_ld, const float *cs, const float *sn, int64_t R, int H, int nope,
+                              int rope, int Dv, int interleave, T *qn, T *qabs) {
+    const int qk = nope + rope, half = rope / 2;
+    GRID_STRIDE(e, R * H * qk) {
+        const int64_t rh = e / qk, r = rh / H;
+        const int i = (int)(e % qk), h = (int)(rh % H);
+        const float *qh = q + r * q_ld + (int64_t)h * qk;
+        if (i < nope) {
+            qn[rh * nope + i] = from_f32<T>(qh[i]);
+        } else {
+            const int k = i - nope;
+            const float v = rope_at(qh + nope, k, half, cs[r * half + k % half], sn[r * half + k % half], interleave);
+            qabs[rh * (Dv + rope) + Dv + k] = from_f32<T>(v);
+        }
+    }
+}
+
+template <typename T>
+__global__ void kv_append_kernel(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
+                                 const int64_t *slot_rows, int Dv, int rope, int interleave, T *pool) {
+    const int64_t r = blockIdx.x;
+    const float *x = ckv + r * ld;
+    T *dst = pool + slot_rows[r] * (Dv + rope);
+    const float inv = rms_inv(x, Dv, eps);
+    for (int j = threadIdx.x; j < Dv; j += blockDim.x) dst[j] = from_f32<T>(w[j] * (x[j] * inv));
+    const int half = rope / 2;
+    for (int k = threadIdx.x; k < rope; k += blockDim.x)
+        dst[Dv + k] = from_f32<T>(rope_at(x + Dv, k, half, cs[r * half + k % half], sn[r * half + k % half], interleave));
+}
+
+template <typename T>
+__global__ void silu_mul_kernel(const float *gu, int64_t n, int I, T *out) {
+    GRID_STRIDE(e, n * I) {
+        const int64_t j = e / I;
+        const int i = (int)(e % I);
+        const float g = gu[j * 2 * I + i], u = gu[j * 2 * I + I + i];
+        out[e] = from_f32<T>(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+/* One warp per row. Shared: score [E], choice [E], gscore [G], wsel [K] floats, then taken [E]
+ * and gsel [G] bytes. */
+__global__ void route_kernel(const float *logits, const float *bias, int E, int G, int topk_group, int K, int norm,
+                             float scale, int32_t *idx, float *wt) {
+    extern __shared__ float sm[];
+    float *score = sm, *choice = score + E, *gscore = choice + E, *wsel = gscore + G;
+    unsigned char *taken = (unsigned char *)(wsel + K), *gsel = taken + E;
+    const int64_t r = blockIdx.x;
+    const int lane = threadIdx.x, per = E / G;
+    for (int e = lane; e < E; e += 32) {
+        const float s = 1.0f / (1.0f + expf(-logits[r * E + e]));
+        score[e] = s;
+        choice[e] = s + bias[e];
+        taken[e] = 0;
+    }
+    __syncwarp();
+    for (int g = lane; g < G; g += 32) {
+        float t1 = -INFINITY, t2 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; e++) {
+            const float c = choice[e];
+            if (c > t1) {
+                t2 = t1;
+                t1 = c;
+            } else if (c > t2) {
+                t2 = c;
+            }
+        }
+        gscore[g] = per >= 2 ? t1 + t2 : t1;
+        gsel[g] = 0;
+    }
+    __syncwarp();
+    if (lane == 0)
+        for (int kept = 0; kept < topk_group; kept++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!gsel[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+            if (best >= 0) gsel[best] = 1;
+        }
+    __syncwarp();
+    float sum = 0.f;
+    for (int k = 0; k < K; k++) {
+        /* This lane's best untaken expert of a kept group (lower index on ties), then the warp's. */
+        int bi = -1;
+        float bv = 0.f;
+        for (int e = lane; e < E; e += 32)
+            if (gsel[e / per] && !taken[e] && (bi < 0 || choice[e] > bv)) {
+                bi = e;
+                bv = choice[e];
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bi = oi;
+                bv = ov;
+            }
+        }
+        if (lane == 0) {
+            const float w = bi >= 0 ? score[bi] : 0.f;
+            if (bi >= 0) taken[bi] = 1;
+            idx[r * K + k] = bi;
+            wsel[k] = w;
+            sum += w;
+        }
+        __syncwarp();
+    }
+    if (lane == 0)
+        for (int k = 0; k < K; k++) {
+            float w = wsel[k];
+            if (norm) w /= sum + 1e-20f;
+            wt[r * K + k] = w * scale;
+        }
+}
+
+/* Block e counts the assignments of expert e. */
+__global__ void moe_count_kernel(const int32_t *idx, int64_t n, int32_t *counts) {
+    const int e = blockIdx.x;
+    int c = 0;
+    for (int64_t b0 = 0; b0 < n; b0 += blockDim.x) {
+        const int64_t j = b0 + threadIdx.x;
+        c += __syncthreads_count(j < n && idx[j] == e);
+    }
+    if (threadIdx.x == 0) counts[e] = c;
+}
+
+/* Block e writes the assignments of expert e, in order, after those of experts 0 .. e-1. */
+__global__ void moe_fill_kernel(const int32_t *idx, int64_t n, const int32_t *counts, int32_t *perm, int32_t *pos) {
+    __shared__ int warp_n[kThreads / 32];
+    __shared__ int base;
+    const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) {
+        int off = 0;
+        for (int i = 0; i < e; i++) off += counts[i];
+        base = off;
+    }
+    __syncthreads();
+    int run = base;
+    for (int64_t b0 = 0; b0 < n; b0 += blockDim.x) {
+        const int64_t j = b0 + threadIdx.x;
+        const bool mine = j < n && idx[j] == e;
+        const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        if (lane == 0) warp_n[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < (int)(blockDim.x / 32); w++) {
+            before += w < warp ? warp_n[w] : 0;
+            total += warp_n[w];
+        }
+        if (mine) {
+            const int p = run + before + __popc(ballot & ((1u << lane) - 1u));
+            perm[p] = (int32_t)j;
+            pos[j] = p;
+        }
+        run += total;
+        __syncthreads(); /* warp_n is rewritten by the next chunk */
+    }
+}
+
+template <typename T>
+__global__ void gather_rows_kernel(const T *x, const int32_t *perm, int64_t n, int K, int hid, T *xe) {
+    GRID_STRIDE(e, n * hid) xe[e] = x[(int64_t)(perm[e / hid] / K) * hid + e % hid];
+}
+
+__global__ void moe_combine_kernel(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos, int K,
+                                   int E, int hid) {
+    __shared__ int order[kMaxTopk];
+    __shared__ int cnt;
+    const int64_t r = blockIdx.x;
+    if (threadIdx.x == 0) {
+        int c = 0;
+        for (int k = 0; k < K; k++) { /* insertion by expert id */
+            const int e = idx[r * K + k];
+            if (e < 0 || e >= E) continue;
+            int at = c++;
+            while (at > 0 && idx[r * K + order[at - 1]] > e) {
+                order[at] = order[at - 1];
+                at--;
+            }
+            order[at] = k;
+        }
+        cnt = c;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hid; i += blockDim.x) {
+        float acc = x[r * hid + i];
+        for (int t = 0; t < cnt; t++) {
+            const int64_t a = r * K + order[t];
+            acc += wt[a] * ye[(int64_t)pos[a] * hid + i];
+        }
+        x[r * hid + i] = acc;
+    }
+}
+
+/* splitmix64 of (seed, i): uniform in [center - scale, center + scale). */
+template <typename T>
+__global__ void fill_uniform_kernel(T *dst, size_t n, uint64_t seed, float center, float scale) {
+    GRID_STRIDE(i, (int64_t)n) {
+        uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u = (float)((double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+        dst[i] = from_f32<T>(center + scale * u);
+    }
+}
+
+/* Runs F<float> or F<__nv_bfloat16> as dt says. */
+#define BY_DTYPE(dt, CALL_F32, CALL_BF16)                                                                       \
+    do {                                                                                                      \
+        if ((dt) == KDT_F32) {                                                                                \
+            CALL_F32;                                                                                         \
+        } else if ((dt) == KDT_BF16) {                                                                        \
+            CALL_BF16;                                                                                        \
+        } else {                                                                                              \
+            return kdt_fail(KDT_ERR_DTYPE, "model cuda: activation dtype %s, expected f32 or bf16",            \
+                            kdt_dtype_name(dt));                                                              \
+        }                                                                                                     \
+    } while (0)
+
+typedef __nv_bfloat16 bf16;
+
+} // namespace
+
+extern "C" kdt_status kdt_mk_embed(float *x, const void *embed, kdt_dtype dt, const int32_t *tokens, int64_t R, int32_t hid,
+                                   cudaStream_t s) {
+    const unsigned g = grid_for(R * hid);
+    BY_DTYPE(dt, (embed_kernel<<<g, kThreads, 0, s>>>(x, (const float *)embed, tokens, R, hid)),
+             (embed_kernel<<<g, kThreads, 0, s>>>(x, (const bf16 *)embed, tokens, R, hid)));
+    KDT_CUDA_CHECK_LAUNCH("embed");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_rmsnorm(const float *in, int64_t in_ld, const int32_t *rows, int64_t R, int32_t n, const float *w,
+                                     float eps, float *out_f32, int64_t f32_ld, void *out_act, int64_t act_ld, kdt_dtype dt,
+                                     cudaStream_t s) {
+    if (R == 0) return KDT_OK;
+    BY_DTYPE(dt,
+             (rmsnorm_kernel<<<(unsigned)R, kThreads, 0, s>>>(in, in_ld, rows, n, w, eps, out_f32, f32_ld, (float *)out_act,
+                                                              act_ld)),
+             (rmsnorm_kernel<<<(unsigned)R, kThreads, 0, s>>>(in, in_ld, rows, n, w, eps, out_f32, f32_ld, (bf16 *)out_act,
+                                                              act_ld)));
+    KDT_CUDA_CHECK_LAUNCH("rmsnorm");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_rope_table(float *cs, float *sn, const int32_t *pos, const float *inv_freq, int64_t R, int32_t half,
+                                        float factor, cudaStream_t s) {
+    rope_table_kernel<<<grid_for(R * half), kThreads, 0, s>>>(cs, sn, pos, inv_freq, R, half, factor);
+    KDT_CUDA_CHECK_LAUNCH("rope_table");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *cs, const float *sn, int64_t R, int32_t H,
+                                    int32_t nope, int32_t rope, int32_t Dv, int interleave, void *qn, void *qabs, kdt_dtype dt,
+                                    cudaStream_t s) {
+    const unsigned g = grid_for(R * H * (nope + rope));
+    BY_DTYPE(dt,
+             (q_prep_kernel<<<g, kThreads, 0, s>>>(q, q_ld, cs, sn, R, H, nope, rope, Dv, interleave, (float *)qn,
+                                                   (float *)qabs)),
+             (q_prep_kernel<<<g, kThreads, 0, s>>>(q, q_ld, cs, sn, R, H, nope, rope, Dv, interleave, (bf16 *)qn,
+                                                   (bf16 *)qabs)));
+    KDT_CUDA_CHECK_LAUNCH("q_prep");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_kv_append(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
+                                       const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope, int interleave, void *pool,
+                                       kdt_dtype dt, cudaStream_t s) {
+    if (R == 0) return KDT_OK;
+    BY_DTYPE(dt,
+             (kv_append_kernel<<<(unsigned)R, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave,
+                                                           (float *)pool)),
+             (kv_append_kernel<<<(unsigned)R, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave,
+                                                           (bf16 *)pool)));
+    KDT_CUDA_CHECK_LAUNCH("kv_append");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_silu_mul(const float *gu, int64_t n, int32_t I, void *out, kdt_dtype dt, cudaStream_t s) {
+    if (n == 0) return KDT_OK;
+    const unsigned g = grid_for(n * I);
+    BY_DTYPE(dt, (silu_mul_kernel<<<g, kThreads, 0, s>>>(gu, n, I, (float *)out)),
+             (silu_mul_kernel<<<g, kThreads, 0, s>>>(gu, n, I, (bf16 *)out)));
+    KDT_CUDA_CHECK_LAUNCH("silu_mul");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_route(const float *logits, const float *bias, int64_t R, int32_t E, int32_t G, int32_t topk_group,
+                                   int32_t K, int norm, float scale, int32_t *idx, float *wt, cudaStream_t s) {
+    if (R == 0) return KDT_OK;
+    if (K > kMaxTopk) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts per token, at most %d", K, kMaxTopk);
+    const size_t smem = (size_t)(2 * E + G + K) * sizeof(float) + (size_t)(E + G);
+    if (smem > 48 * 1024) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts need %zu bytes of shared memory", E, smem);
+    route_kernel<<<(unsigned)R, 32, smem, s>>>(logits, bias, E, G, topk_group, K, norm, scale, idx, wt);
+    KDT_CUDA_CHECK_LAUNCH("route");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_moe_plan(const int32_t *idx, int64_t n, int32_t E, int32_t *counts, int32_t *perm, int32_t *pos,
+                                      cudaStream_t s) {
+    moe_count_kernel<<<(unsigned)E, kThreads, 0, s>>>(idx, n, counts);
+    KDT_CUDA_CHECK_LAUNCH("moe_count");
+    moe_fill_kernel<<<(unsigned)E, kThreads, 0, s>>>(idx, n, counts, perm, pos);
+    KDT_CUDA_CHECK_LAUNCH("moe_fill");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_gather_rows(const void *x, const int32_t *perm, int64_t n, int32_t K, int32_t hid, void *xe,
+                                         kdt_dtype dt, cudaStream_t s) {
+    if (n == 0) return KDT_OK;
+    const unsigned g = grid_for(n * hid);
+    BY_DTYPE(dt, (gather_rows_kernel<<<g, kThreads, 0, s>>>((const float *)x, perm, n, K, hid, (float *)xe)),
+             (gather_rows_kernel<<<g, kThreads, 0, s>>>((const bf16 *)x, perm, n, K, hid, (bf16 *)xe)));
+    KDT_CUDA_CHECK_LAUNCH("gather_rows");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_moe_combine(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos,
+                                         int64_t R, int32_t K, int32_t E, int32_t hid, cudaStream_t s) {
+    if (R == 0) return KDT_OK;
+    if (K > kMaxTopk) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts per token, at most %d", K, kMaxTopk);
+    moe_combine_kernel<<<(unsigned)R, kThreads, 0, s>>>(x, ye, idx, wt, pos, K, E, hid);
+    KDT_CUDA_CHECK_LAUNCH("moe_combine");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_cuda_fill_uniform(void *dst, kdt_dtype dt, size_t n, uint64_t seed, float center, float scale) {
+    const unsigned g = grid_for((int64_t)n);
+    BY_DTYPE(dt, (fill_uniform_kernel<<<g, kThreads>>>((float *)dst, n, seed, center, scale)),
+             (fill_uniform_kernel<<<g, kThreads>>>((bf16 *)dst, n, seed, center, scale)));
+    KDT_CUDA_CHECK_LAUNCH("fill_uniform");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_cuda_fill_bytes(void *dst, int byte, size_t n) {
+    KDT_CUDA_CHECK(cudaMemset(dst, byte, n));
+    KDT_CUDA_CHECK(cudaDeviceSynchronize()); /* the forward may run on a stream that does not wait for this one */
+    return KDT_OK;
+}

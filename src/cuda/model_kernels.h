@@ -1,0 +1,70 @@
+/* Kernels of the model's CUDA forward (model_kernels.cu): the steps between the cuBLAS
+ * projections. `dt` is the activation dtype (KDT_BF16 or KDT_F32): what the GEMMs read; norms,
+ * rope, the router and the residual stream work in f32. Every launcher queues its work on the
+ * stream and checks the launch; inputs are trusted (the forward built them). */
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kdt/kdt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* x [R, hid] f32 = rows tokens [R] of embed [V, hid] (dt). */
+kdt_status kdt_mk_embed(float *x, const void *embed, kdt_dtype dt, const int32_t *tokens, int64_t R, int32_t hid,
+                        cudaStream_t s);
+
+/* RMSNorm: out row i = w * (x * rsqrt(mean(x^2) + eps)), x = in row (rows ? rows[i] : i) [n]
+ * (in row stride in_ld); written to out_f32 (stride f32_ld) and to out_act (dt, stride act_ld),
+ * either of which may be NULL. R output rows. */
+kdt_status kdt_mk_rmsnorm(const float *in, int64_t in_ld, const int32_t *rows, int64_t R, int32_t n, const float *w,
+                          float eps, float *out_f32, int64_t f32_ld, void *out_act, int64_t act_ld, kdt_dtype dt,
+                          cudaStream_t s);
+
+/* cs, sn [R, half] = cos, sin (pos [R] * inv_freq [half]) * factor. */
+kdt_status kdt_mk_rope_table(float *cs, float *sn, const int32_t *pos, const float *inv_freq, int64_t R, int32_t half,
+                             float factor, cudaStream_t s);
+
+/* Queries q [R, H, nope + rope] f32 (row stride q_ld): q_nope to qn [R, H, nope] (dt), rope(q_rope)
+ * to qabs [R, H, Dv + rope] (dt) from column Dv on. Rope input pairs interleaved or split, output
+ * in transformers' order (the pairs' first elements, then their second elements). */
+kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *cs, const float *sn, int64_t R, int32_t H,
+                         int32_t nope, int32_t rope, int32_t Dv, int interleave, void *qn, void *qabs, kdt_dtype dt,
+                         cudaStream_t s);
+
+/* Latent cache rows: ckv [R, Dv + rope] f32 (row stride ld) becomes [rmsnorm(c_kv; w, eps),
+ * rope(k_rope)] written to row slot_rows[r] of pool [*, Dv + rope] (dt). */
+kdt_status kdt_mk_kv_append(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
+                            const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope, int interleave, void *pool,
+                            kdt_dtype dt, cudaStream_t s);
+
+/* out [n, I] (dt) = silu(gu[:, :I]) * gu[:, I:], gu [n, 2I] f32. */
+kdt_status kdt_mk_silu_mul(const float *gu, int64_t n, int32_t I, void *out, kdt_dtype dt, cudaStream_t s);
+
+/* DeepSeek-V3's router on logits [R, E] f32 (x . W^T): sigmoid scores, bias [E] added for
+ * choosing only, the topk_group groups (of E / G) with the best sums of their two best biased
+ * scores, the K best experts in them (ties to the lower index); weights the unbiased scores,
+ * divided by their sum + 1e-20 when norm, times scale. Out: idx [R, K], wt [R, K] f32. */
+kdt_status kdt_mk_route(const float *logits, const float *bias, int64_t R, int32_t E, int32_t G, int32_t topk_group,
+                        int32_t K, int norm, float scale, int32_t *idx, float *wt, cudaStream_t s);
+
+/* Groups the n assignments idx [n] (row r, choice k at r * K + k) by expert: counts [E], perm [n]
+ * (assignments of expert 0 in order, then expert 1, ...), pos [n] (where each assignment sits in
+ * perm; left alone for indices outside [0, E)). */
+kdt_status kdt_mk_moe_plan(const int32_t *idx, int64_t n, int32_t E, int32_t *counts, int32_t *perm, int32_t *pos,
+                           cudaStream_t s);
+
+/* xe [n, hid] (dt) = rows perm[j] / K of x [*, hid] (dt). */
+kdt_status kdt_mk_gather_rows(const void *x, const int32_t *perm, int64_t n, int32_t K, int32_t hid, void *xe,
+                              kdt_dtype dt, cudaStream_t s);
+
+/* x [R, hid] += sum over each row's valid choices, in increasing expert order, of
+ * wt[r, k] * ye[pos[r * K + k]] (ye [*, hid] f32). */
+kdt_status kdt_mk_moe_combine(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos, int64_t R,
+                              int32_t K, int32_t E, int32_t hid, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif

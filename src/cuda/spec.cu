@@ -1,0 +1,156 @@
+/* The speculative loop's device work besides the ops (src/spec/internal.h): the greedy argmax of
+ * the target's logits into target_pred, a draft model's top-K with log-softmax scores, and the
+ * loop's stream-ordered copies. One block per logits row; the rules are the host versions'
+ * (src/spec/rows.c): the lowest index wins among equal values, NaN never wins an argmax unless
+ * the whole row is NaN, non-finite values are never top-K candidates nor part of the softmax. */
+#include <climits>
+#include <math.h>
+
+#include "cuda/cuda_common.cuh"
+#include "spec/internal.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Best {
+    float v;
+    int i;
+};
+
+/* 1 when (bv, bi) comes before (av, ai) in argmax order: larger value, NaN last, lower index. */
+__device__ bool argmax_before(float bv, int bi, float av, int ai) {
+    if (isnan(bv) != isnan(av)) return !isnan(bv);
+    if (isnan(bv) || bv == av) return bi < ai;
+    return bv > av;
+}
+
+/* Block-wide reduction of one Best per thread; the result lands in every thread. */
+template <typename Before>
+__device__ Best block_best(Best b, Before before) {
+    __shared__ float sv[kThreads / 32];
+    __shared__ int si[kThreads / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_down_sync(0xffffffffu, b.v, o);
+        const int oi = __shfl_down_sync(0xffffffffu, b.i, o);
+        if (before(ov, oi, b.v, b.i)) b = {ov, oi};
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads(); /* the shared slots may still be read by a previous call */
+    if (lane == 0) sv[warp] = b.v, si[warp] = b.i;
+    __syncthreads();
+    b = {sv[0], si[0]};
+    for (int w = 1; w < kThreads / 32; w++)
+        if (before(sv[w], si[w], b.v, b.i)) b = {sv[w], si[w]};
+    return b;
+}
+
+__device__ double block_sum(double x) {
+    __shared__ double s[kThreads / 32];
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = x;
+    __syncthreads();
+    double t = 0;
+    for (int w = 0; w < kThreads / 32; w++) t += s[w];
+    return t;
+}
+
+/* Block (a, i): pred[a * Q + i] = argmax of logits row rows[a] + i when i < rows[Ba + a], else -1;
+ * without rows, row a * Q + i of Q per request. */
+__global__ void argmax_kernel(const float *__restrict__ x, int32_t V, int32_t Q, const int32_t *__restrict__ rows, int32_t Ba,
+                              int32_t *__restrict__ pred) {
+    const int a = blockIdx.x / Q, i = blockIdx.x % Q;
+    const int n = rows ? rows[Ba + a] : Q;
+    if (i >= n) {
+        if (threadIdx.x == 0) pred[blockIdx.x] = -1;
+        return;
+    }
+    const float *row = x + ((int64_t)(rows ? rows[a] : a * Q) + i) * V;
+    Best b = {NAN, INT_MAX};
+    for (int j = threadIdx.x; j < V; j += kThreads)
+        if (argmax_before(row[j], j, b.v, b.i)) b = {row[j], j};
+    b = block_best(b, argmax_before);
+    if (threadIdx.x == 0) pred[blockIdx.x] = b.i < V ? b.i : 0;
+}
+
+/* Top-K order: finite values only, larger first, then the lower index. */
+__device__ bool topk_before(float bv, int bi, float av, int ai) {
+    if (!isfinite(bv)) return false;
+    if (!isfinite(av)) return true;
+    return bv > av || (bv == av && bi < ai);
+}
+
+/* Row r: K rounds, each the best entry after the previous round's in top-K order (a strict total
+ * order, so nothing is taken twice), then scores = value - logsumexp over the finite values;
+ * top1[r] (may be NULL) = the first token. */
+__global__ void topk_kernel(const float *__restrict__ x, int32_t V, int32_t K, float *__restrict__ scores,
+                            int32_t *__restrict__ tokens, int64_t stride, int32_t *__restrict__ top1) {
+    const float *row = x + (int64_t)blockIdx.x * V;
+    float *sc = scores + blockIdx.x * stride;
+    int32_t *tk = tokens + blockIdx.x * stride;
+    float last_v = INFINITY, mx = 0;
+    int last_i = -1, found = 0;
+    for (int k = 0; k < K; k++) {
+        Best b = {NAN, INT_MAX};
+        for (int j = threadIdx.x; j < V; j += kThreads) {
+            const float v = row[j];
+            const bool after = k == 0 || v < last_v || (v == last_v && j > last_i);
+            if (after && topk_before(v, j, b.v, b.i)) b = {v, j};
+        }
+        b = block_best(b, topk_before);
+        if (!isfinite(b.v)) break;
+        if (threadIdx.x == 0) sc[k] = b.v, tk[k] = b.i;
+        if (k == 0) mx = b.v;
+        last_v = b.v;
+        last_i = b.i;
+        found = k + 1;
+    }
+    double sum = 0;
+    for (int j = threadIdx.x; found && j < V; j += kThreads)
+        if (isfinite(row[j])) sum += exp((double)row[j] - mx);
+    sum = block_sum(sum);
+    if (threadIdx.x != 0) return;
+    const double lse = (double)mx + log(sum);
+    for (int k = 0; k < K; k++) {
+        sc[k] = k < found ? (float)((double)sc[k] - lse) : -INFINITY;
+        if (k >= found) tk[k] = 0;
+    }
+    if (top1) top1[blockIdx.x] = found ? tk[0] : 0;
+}
+
+} // namespace
+
+extern "C" kdt_status kdt_spec_argmax_cuda(const float *x, int32_t V, int32_t Ba, int32_t Q, const int32_t *rows, int32_t *pred,
+                                           void *stream) {
+    if (Ba <= 0) return KDT_OK;
+    argmax_kernel<<<(unsigned)(Ba * Q), kThreads, 0, (cudaStream_t)stream>>>(x, V, Q, rows, Ba, pred);
+    KDT_CUDA_CHECK_LAUNCH("spec argmax");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_spec_topk_cuda(const float *x, int64_t R, int32_t V, int32_t K, float *scores, int32_t *tokens,
+                                         int64_t stride, int32_t *top1, void *stream) {
+    if (R <= 0) return KDT_OK;
+    topk_kernel<<<(unsigned)R, kThreads, 0, (cudaStream_t)stream>>>(x, V, K, scores, tokens, stride, top1);
+    KDT_CUDA_CHECK_LAUNCH("spec top-k");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_spec_copy(void *dst, const void *src, size_t nbytes, kdt_spec_copy_kind kind, void *stream) {
+    if (nbytes == 0) return KDT_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (kind == KDT_SPEC_H2D) {
+        KDT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, st));
+        return KDT_OK;
+    }
+    KDT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, st));
+    KDT_CUDA_CHECK(cudaStreamSynchronize(st));
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_spec_stream_sync(void *stream) {
+    KDT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+    KDT_CUDA_CHECK(cudaGetLastError());
+    return KDT_OK;
+}

@@ -1,0 +1,23 @@
+/* The model's CUDA entry points in a CPU-only build (KDT_CUDA=0): each one is a clear error. */
+#include "common/device.h"
+#include "model/cuda.h"
+
+#if !KDT_HAVE_CUDA
+kdt_status kdt_forward_cuda(kdt_model *m, kdt_cache *c, const kdt_batch *b, const int32_t *start, const int32_t *positions,
+                            float *logits, float *hidden, void *stream) {
+    (void)m; (void)c; (void)b; (void)start; (void)positions; (void)logits; (void)hidden; (void)stream;
+    return kdt_no_cuda("model forward");
+}
+
+void kdt_cuda_ctx_free(struct kdt_cuda_ctx *ctx) { (void)ctx; }
+
+kdt_status kdt_cuda_fill_uniform(void *dst, kdt_dtype dtype, size_t n, uint64_t seed, float center, float scale) {
+    (void)dst; (void)dtype; (void)n; (void)seed; (void)center; (void)scale;
+    return kdt_no_cuda("random weights");
+}
+
+kdt_status kdt_cuda_fill_bytes(void *dst, int byte, size_t n) {
+    (void)dst; (void)byte; (void)n;
+    return kdt_no_cuda("device fill");
+}
+#endif

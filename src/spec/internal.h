@@ -1,0 +1,38 @@
+/* Helpers shared by the files of src/spec/: the host versions of the per-row reductions, and the
+ * stream helpers of the CUDA backend (src/cuda/spec.cu; src/spec/no_cuda.c in a CPU-only build). */
+#pragma once
+
+#include "kdt/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Index of each row's largest value, the lowest index among equals (NaN never wins unless the
+ * whole row is NaN): x [R, V], out [R]. */
+void kdt_spec_argmax_host(const float *x, int64_t R, int32_t V, int32_t *out);
+
+/* Per row of x [R, V]: the K largest values in decreasing order (the lower index first among
+ * equals), as log-softmax scores (x - logsumexp(x)) and token ids; -inf and token 0 past the
+ * row's finite values. Row r writes scores / tokens [K] at r * stride. */
+void kdt_spec_topk_host(const float *x, int64_t R, int32_t V, int32_t K, float *scores, int32_t *tokens, int64_t stride);
+
+/* The same on the device, queued on stream. argmax: pred [Ba, Q] from logits x [*, V], request
+ * a's row i at rows[a] + i for i < rows[Ba + a] and -1 past them (rows [2, Ba], device; NULL: Q
+ * rows each, back to back). top-K: as the host version over R rows; top1 [R] (device, may be
+ * NULL) gets each row's first token. */
+kdt_status kdt_spec_argmax_cuda(const float *x, int32_t V, int32_t Ba, int32_t Q, const int32_t *rows, int32_t *pred,
+                                void *stream);
+kdt_status kdt_spec_topk_cuda(const float *x, int64_t R, int32_t V, int32_t K, float *scores, int32_t *tokens, int64_t stride,
+                              int32_t *top1, void *stream);
+
+/* Stream-ordered copies between host and device memory. D2H returns once the bytes are on the
+ * host (it waits for the stream); H2D is queued on the stream (from pageable memory the bytes
+ * have been staged when it returns, so the source may be reused). */
+typedef enum kdt_spec_copy_kind { KDT_SPEC_H2D = 0, KDT_SPEC_D2H = 1 } kdt_spec_copy_kind;
+kdt_status kdt_spec_copy(void *dst, const void *src, size_t nbytes, kdt_spec_copy_kind kind, void *stream);
+kdt_status kdt_spec_stream_sync(void *stream);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,498 @@
+/* The speculative decoding loop (include/kdt/spec.h, docs/spec.md).
+ *
+ * Per step, for the unfinished requests (Ba of them, in slot order): propose -> tree_build ->
+ * one target forward over the tree rows -> argmax -> tree_accept -> emit -> cache commit ->
+ * observe. The drafter's candidates, the tree, the logits, target_pred and the acceptance live
+ * in the backend's memory and every op runs on the model's backend. The model API takes its
+ * rows (tokens, positions, mask) and the cache commit its accepted paths from host memory, so
+ * on CUDA a step makes two copies to the host: the tree block (num_nodes, node_token, positions,
+ * tree_mask) before the forward, and the acceptance block (accept_len, status, accept_tokens,
+ * accept_index) after tree_accept, which also brings the emitted tokens. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/device.h"
+#include "common/internal.h"
+#include "kdt/ops.h"
+#include "spec/internal.h"
+
+typedef struct loop {
+    kdt_model *m;
+    kdt_drafter *dr;
+    kdt_spec_params p;
+    kdt_backend be;
+    void *stream;
+    kdt_spec_stats *st;
+    kdt_spec_request *reqs;
+    int32_t B, D, K, N, Q, V, hid;
+    kdt_cache *cache;
+    /* Requests, by slot (host). */
+    int32_t **hist, *hist_len, *done;
+    /* Requests of the current step (host): slot, history, length, tokens added, rows. */
+    int32_t Ba, *act, *act_len, *n_new, *n_rows, *row_start;
+    const int32_t **act_hist;
+    /* Backend memory. tree_io: num_nodes [Ba], node_token [Ba, Q], positions [Ba, Q] (int32),
+     * then tree_mask [Ba, Q, Q] (u8), laid out for Ba so that one copy brings all of it. acc:
+     * accept_len [Ba], status [Ba], accept_tokens [Ba, Q], accept_index [Ba, Q], likewise. */
+    float *scores;              /* [B, D, K] */
+    int32_t *dtok;              /* [B, D, K] */
+    int32_t *roots;             /* [2, B]: root_token [Ba], then seq_len [Ba] */
+    void *tree_io;
+    int32_t *tree_aux;          /* [6, B, Q]: node_parent, node_depth, node_cand, first_child, next_sibling, node_score */
+    int32_t *pred;              /* [B, Q] */
+    int32_t *acc;
+    float *logits;              /* [B * Q, V] */
+    float *hidden;              /* [B * Q, hidden] when the drafter wants it */
+    int32_t *d_rows;            /* [2, B] row_start, n_rows of the forward (CUDA argmax) */
+    /* Host mirrors (the same memory on CPU) and the forward's inputs and outputs. */
+    void *h_tree_io;
+    int32_t *h_roots, *h_pred, *h_acc;
+    int32_t *f_tok, *f_pos;     /* [B * Q] */
+    uint8_t *f_mask;            /* [B * Q * Q] */
+    int32_t *c_req, *c_len, *c_idx; /* [B], [B], [B * Q]: one commit group */
+} loop;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Adds the time since *t to *acc (after the stream drains, when asked to) and restarts *t. */
+static kdt_status lap(loop *L, double *t, double *acc) {
+    if (L->be == KDT_BACKEND_CUDA && L->p.sync_timing) {
+        kdt_status s = kdt_spec_stream_sync(L->stream);
+        if (s != KDT_OK) return s;
+    }
+    const double t1 = now_s();
+    *acc += t1 - *t;
+    *t = t1;
+    return KDT_OK;
+}
+
+/* ---- buffers ---- */
+
+static void *be_alloc(loop *L, size_t n, kdt_status *s) {
+    if (*s != KDT_OK) return NULL;
+    void *p = NULL;
+    if (L->be == KDT_BACKEND_CPU) {
+        if (!(p = malloc(n ? n : 1))) *s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory (%zu bytes)", n);
+    } else {
+        *s = kdt_dev_alloc(&p, n);
+    }
+    return p;
+}
+
+static void be_free(const loop *L, void *p) {
+    if (L->be == KDT_BACKEND_CPU) free(p);
+    else kdt_dev_free(p);
+}
+
+/* Host memory; on CPU the backend buffer itself when one is given. */
+static void *host_alloc(loop *L, void *same, size_t n, kdt_status *s) {
+    if (*s != KDT_OK) return NULL;
+    if (same && L->be == KDT_BACKEND_CPU) return same;
+    void *p = malloc(n ? n : 1);
+    if (!p) *s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory (%zu bytes)", n);
+    return p;
+}
+
+static void host_free(const loop *L, void *p, void *same) {
+    if (p != same || L->be != KDT_BACKEND_CPU) free(p);
+}
+
+static kdt_status to_backend(loop *L, void *dst, const void *src, size_t n) {
+    return L->be == KDT_BACKEND_CPU ? KDT_OK : kdt_spec_copy(dst, src, n, KDT_SPEC_H2D, L->stream);
+}
+
+static kdt_status to_host(loop *L, void *dst, const void *src, size_t n) {
+    return L->be == KDT_BACKEND_CPU ? KDT_OK : kdt_spec_copy(dst, src, n, KDT_SPEC_D2H, L->stream);
+}
+
+static void loop_free(loop *L) {
+    be_free(L, L->scores); be_free(L, L->dtok); be_free(L, L->roots); be_free(L, L->tree_io); be_free(L, L->tree_aux);
+    be_free(L, L->pred); be_free(L, L->acc); be_free(L, L->logits); be_free(L, L->hidden); be_free(L, L->d_rows);
+    host_free(L, L->h_tree_io, L->tree_io); host_free(L, L->h_roots, L->roots); host_free(L, L->h_pred, L->pred);
+    host_free(L, L->h_acc, L->acc);
+    free(L->f_tok); free(L->f_pos); free(L->f_mask);
+    free(L->c_req); free(L->c_len); free(L->c_idx);
+    for (int32_t b = 0; L->hist && b < L->B; b++) free(L->hist[b]);
+    free(L->hist); free(L->hist_len); free(L->done);
+    free(L->act); free(L->act_len); free(L->n_new); free(L->n_rows); free(L->row_start); free(L->act_hist);
+    kdt_cache_free(L->cache);
+}
+
+static size_t tree_io_bytes(int32_t B, int32_t Q) { return (size_t)B * (1 + 2 * (size_t)Q) * 4 + (size_t)B * Q * Q; }
+
+static kdt_status loop_alloc(loop *L, int32_t max_len) {
+    const size_t B = (size_t)L->B, Q = (size_t)L->Q, dk = (size_t)L->D * L->K, rows = L->dr ? B * Q : B;
+    kdt_status s = kdt_cache_create(L->m, L->B, max_len, 0, &L->cache);
+    L->hist = s == KDT_OK ? calloc(B, sizeof *L->hist) : NULL;
+    L->hist_len = calloc(B, sizeof *L->hist_len);
+    L->done = calloc(B, sizeof *L->done);
+    L->act = malloc(B * sizeof *L->act);
+    L->act_len = malloc(B * sizeof *L->act_len);
+    L->n_new = malloc(B * sizeof *L->n_new);
+    L->n_rows = malloc(B * sizeof *L->n_rows);
+    L->row_start = malloc(B * sizeof *L->row_start);
+    L->act_hist = malloc(B * sizeof *L->act_hist);
+    L->f_tok = malloc(rows * sizeof *L->f_tok);
+    L->f_pos = malloc(rows * sizeof *L->f_pos);
+    L->logits = be_alloc(L, rows * (size_t)L->V * sizeof(float), &s);
+    L->d_rows = be_alloc(L, 2 * B * sizeof(int32_t), &s);
+    L->pred = be_alloc(L, B * Q * sizeof(int32_t), &s);
+    L->h_pred = host_alloc(L, L->pred, B * Q * sizeof(int32_t), &s);
+    if (s == KDT_OK && (!L->hist || !L->hist_len || !L->done || !L->act || !L->act_len || !L->n_new || !L->n_rows ||
+                        !L->row_start || !L->act_hist || !L->f_tok || !L->f_pos))
+        s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for %zu rows of %d logits", rows, L->V);
+    for (int32_t b = 0; s == KDT_OK && b < L->B; b++) {
+        const kdt_spec_request *r = &L->reqs[b];
+        if (!(L->hist[b] = malloc(((size_t)r->prompt_len + r->max_new) * sizeof **L->hist)))
+            s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for request %d's history", b);
+    }
+    if (!L->dr || s != KDT_OK) return s;
+    if (L->dr->wants_hidden) L->hidden = be_alloc(L, rows * (size_t)L->hid * sizeof(float), &s);
+    L->f_mask = malloc(B * Q * Q);
+    L->c_req = malloc(B * sizeof *L->c_req);
+    L->c_len = malloc(B * sizeof *L->c_len);
+    L->c_idx = malloc(B * Q * sizeof *L->c_idx);
+    if (!L->f_mask || !L->c_req || !L->c_len || !L->c_idx) return kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory");
+    L->scores = be_alloc(L, B * dk * sizeof(float), &s);
+    L->dtok = be_alloc(L, B * dk * sizeof(int32_t), &s);
+    L->roots = be_alloc(L, 2 * B * sizeof(int32_t), &s);
+    L->tree_io = be_alloc(L, tree_io_bytes(L->B, L->Q), &s);
+    L->tree_aux = be_alloc(L, 6 * B * Q * sizeof(int32_t), &s);
+    L->acc = be_alloc(L, (2 * B + 2 * B * Q) * sizeof(int32_t), &s);
+    L->h_tree_io = host_alloc(L, L->tree_io, tree_io_bytes(L->B, L->Q), &s);
+    L->h_roots = host_alloc(L, L->roots, 2 * B * sizeof(int32_t), &s);
+    L->h_acc = host_alloc(L, L->acc, (2 * B + 2 * B * Q) * sizeof(int32_t), &s);
+    return s;
+}
+
+/* ---- requests ---- */
+
+/* Appends tok to slot s's history and output; ends the request at max_new or eos. */
+static void push(loop *L, int32_t s, int32_t tok) {
+    kdt_spec_request *r = &L->reqs[s];
+    L->hist[s][L->hist_len[s]++] = tok;
+    r->out[r->n_out++] = tok;
+    if (r->n_out == r->max_new || tok == L->p.eos) L->done[s] = 1;
+}
+
+/* The unfinished requests, in slot order. */
+static void gather_active(loop *L) {
+    L->Ba = 0;
+    for (int32_t s = 0; s < L->B; s++)
+        if (!L->done[s]) {
+            L->act[L->Ba] = s;
+            L->act_hist[L->Ba] = L->hist[s];
+            L->act_len[L->Ba] = L->hist_len[s];
+            L->Ba++;
+        }
+}
+
+static kdt_draft_ctx ctx_of(const loop *L) {
+    return (kdt_draft_ctx){.B = L->Ba, .slot = L->act, .history = L->act_hist, .hist_len = L->act_len};
+}
+
+static kdt_status forward(loop *L, const int32_t *tokens, const int32_t *pos, const uint8_t *mask, kdt_logits_rows rows,
+                          float *hidden) {
+    const kdt_batch bt = {.B = L->Ba, .req = L->act, .n_rows = L->n_rows, .tokens = tokens, .positions = pos,
+                          .tree_mask = mask, .logits_rows = rows};
+    return kdt_model_forward(L->m, L->cache, &bt, L->logits, hidden, L->stream);
+}
+
+/* target_pred [Ba, Q] (backend memory) from the logits: request a's row i is row
+ * row_start[a] + i for i < n_rows[a] (packed), or row a * Q + i of Q each; -1 past its rows. */
+static kdt_status argmax(loop *L, int32_t Q, int packed) {
+    const int32_t Ba = L->Ba;
+    if (L->be == KDT_BACKEND_CPU) {
+        for (int32_t a = 0; a < Ba; a++) {
+            const int32_t n = packed ? L->n_rows[a] : Q;
+            int32_t *pred = L->pred + (size_t)a * Q;
+            kdt_spec_argmax_host(L->logits + (int64_t)(packed ? L->row_start[a] : a * Q) * L->V, n, L->V, pred);
+            for (int32_t i = n; i < Q; i++) pred[i] = -1;
+        }
+        return KDT_OK;
+    }
+    kdt_status s;
+    if (packed && ((s = to_backend(L, L->d_rows, L->row_start, (size_t)Ba * sizeof(int32_t))) ||
+                   (s = to_backend(L, L->d_rows + Ba, L->n_rows, (size_t)Ba * sizeof(int32_t)))))
+        return s;
+    return kdt_spec_argmax_cuda(L->logits, L->V, Ba, Q, packed ? L->d_rows : NULL, L->pred, L->stream);
+}
+
+/* The next token of each request from the last row of a forward with KDT_LOGITS_LAST. */
+static kdt_status next_tokens(loop *L) {
+    kdt_status s = argmax(L, 1, 0);
+    return s == KDT_OK ? to_host(L, L->h_pred, L->pred, (size_t)L->Ba * sizeof(int32_t)) : s;
+}
+
+/* Prompts in one forward; each request's first token from its last row. */
+static kdt_status prefill(loop *L) {
+    gather_active(L);
+    if (L->Ba == 0) return KDT_OK;
+    int64_t R = 0;
+    for (int32_t a = 0; a < L->Ba; a++) {
+        const kdt_spec_request *r = &L->reqs[L->act[a]];
+        L->row_start[a] = (int32_t)R;
+        L->n_rows[a] = r->prompt_len;
+        R += r->prompt_len;
+    }
+    kdt_status s = KDT_OK;
+    int32_t *tok = malloc((size_t)R * sizeof *tok);
+    float *hidden = L->hidden ? be_alloc(L, (size_t)R * L->hid * sizeof(float), &s) : NULL;
+    if (!tok || s != KDT_OK) {
+        free(tok);
+        be_free(L, hidden);
+        return s != KDT_OK ? s : kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for %lld prompt rows", (long long)R);
+    }
+    for (int32_t a = 0; a < L->Ba; a++) {
+        const kdt_spec_request *r = &L->reqs[L->act[a]];
+        memcpy(tok + L->row_start[a], r->prompt, (size_t)r->prompt_len * sizeof *tok);
+        memcpy(L->hist[L->act[a]], r->prompt, (size_t)r->prompt_len * sizeof *tok);
+        L->hist_len[L->act[a]] = r->prompt_len;
+    }
+    s = forward(L, tok, NULL, NULL, KDT_LOGITS_LAST, hidden);
+    free(tok);
+    if (s == KDT_OK) s = next_tokens(L);
+    if (s == KDT_OK) {
+        for (int32_t a = 0; a < L->Ba; a++) {
+            push(L, L->act[a], L->h_pred[a]);
+            L->act_len[a] = L->hist_len[L->act[a]];
+            L->n_new[a] = 1;
+        }
+        if (L->dr) {
+            memset(L->c_len, 0, (size_t)L->Ba * sizeof *L->c_len);
+            const kdt_draft_feedback fb = {.prefill = 1, .n_new = L->n_new, .accept_len = L->c_len, .hidden = hidden,
+                                           .row_start = L->row_start, .n_rows = L->n_rows};
+            const kdt_draft_ctx ctx = ctx_of(L);
+            s = L->dr->observe(L->dr->state, &ctx, &fb);
+        }
+    }
+    be_free(L, hidden);
+    L->st->tokens += L->Ba;
+    return s;
+}
+
+/* ---- one speculative step ---- */
+
+static kdt_status draft(loop *L) {
+    const kdt_draft_ctx ctx = ctx_of(L);
+    return L->dr->propose(L->dr->state, &ctx, L->scores, L->dtok);
+}
+
+/* Per-step views of the backend blocks, laid out for Ba requests. */
+typedef struct views {
+    int32_t *num_nodes, *node_token, *positions;
+    uint8_t *mask;
+    int32_t *accept_len, *status, *accept_tokens, *accept_index;
+} views;
+
+static views tree_views(const loop *L, void *tree_io, int32_t *acc) {
+    const size_t Ba = (size_t)L->Ba, Q = (size_t)L->Q;
+    int32_t *t = tree_io;
+    return (views){.num_nodes = t, .node_token = t + Ba, .positions = t + Ba + Ba * Q, .mask = (uint8_t *)(t + Ba + 2 * Ba * Q),
+                   .accept_len = acc, .status = acc + Ba, .accept_tokens = acc + 2 * Ba, .accept_index = acc + 2 * Ba + Ba * Q};
+}
+
+static kdt_status build_tree(loop *L) {
+    const int32_t Ba = L->Ba, Q = L->Q;
+    for (int32_t a = 0; a < Ba; a++) {
+        L->h_roots[a] = L->act_hist[a][L->act_len[a] - 1];
+        L->h_roots[Ba + a] = L->act_len[a] - 1;
+    }
+    kdt_status s = to_backend(L, L->roots, L->h_roots, 2 * (size_t)Ba * sizeof(int32_t));
+    if (s != KDT_OK) return s;
+    const views v = tree_views(L, L->tree_io, L->acc);
+    int32_t *aux = L->tree_aux;
+    const size_t bq = (size_t)Ba * Q;
+    const kdt_tree_build_params p = {.B = Ba, .D = L->D, .K = L->K, .budget = L->N, .scores = L->scores, .tokens = L->dtok,
+                                     .root_token = L->roots, .seq_len = L->roots + Ba, .num_nodes = v.num_nodes,
+                                     .node_token = v.node_token, .node_parent = aux, .node_depth = aux + bq,
+                                     .node_cand = aux + 2 * bq, .node_score = (float *)(aux + 5 * bq), .positions = v.positions,
+                                     .tree_mask = v.mask, .first_child = aux + 3 * bq, .next_sibling = aux + 4 * bq};
+    return kdt_tree_build(&p, L->be, L->stream);
+}
+
+/* The forward over each request's tree rows (num_nodes + 1, or Q with pad_tree: a fill row
+ * holds the root token at the root's position and sees only itself), then target_pred. With
+ * pad_tree the rows are Q per request back to back, which the argmax takes as they are. */
+static kdt_status verify(loop *L) {
+    const int32_t Ba = L->Ba, Q = L->Q;
+    kdt_status s = to_host(L, L->h_tree_io, L->tree_io, tree_io_bytes(Ba, Q));
+    if (s != KDT_OK) return s;
+    const views v = tree_views(L, L->h_tree_io, L->h_acc);
+    int64_t R = 0, moff = 0;
+    for (int32_t a = 0; a < Ba; a++) {
+        const int32_t nodes = v.num_nodes[a], n = L->p.pad_tree ? Q : nodes + 1;
+        if (nodes < 0 || nodes > L->N)
+            return kdt_fail(KDT_ERR_INTERNAL, "speculative loop: tree_build gave request %d %d nodes", L->act[a], nodes);
+        L->n_rows[a] = n;
+        L->row_start[a] = (int32_t)R;
+        for (int32_t i = 0; i < n; i++) {
+            const int real = i <= nodes;
+            L->f_tok[R + i] = real ? v.node_token[(size_t)a * Q + i] : L->h_roots[a];
+            L->f_pos[R + i] = real ? v.positions[(size_t)a * Q + i] : L->h_roots[Ba + a];
+            const uint8_t *src = v.mask + ((size_t)a * Q + i) * Q;
+            uint8_t *dst = L->f_mask + moff + (int64_t)i * n;
+            memcpy(dst, src, (size_t)n);
+            if (!real) dst[i] = 1;
+        }
+        R += n;
+        moff += (int64_t)n * n;
+    }
+    if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden)) != KDT_OK) return s;
+    for (int32_t a = 0; a < Ba; a++) L->st->drafted += v.num_nodes[a];
+    return argmax(L, Q, !L->p.pad_tree);
+}
+
+/* tree_accept, then the emitted tokens (accept_len + 1 per request) onto the histories. */
+static kdt_status accept(loop *L) {
+    const int32_t Ba = L->Ba, Q = L->Q;
+    const views v = tree_views(L, L->tree_io, L->acc);
+    const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = v.node_token, .node_parent = L->tree_aux,
+                                      .num_nodes = v.num_nodes, .target_pred = L->pred, .accept_len = v.accept_len,
+                                      .accept_index = v.accept_index, .accept_tokens = v.accept_tokens, .status = v.status};
+    kdt_status s = kdt_tree_accept(&p, L->be, L->stream);
+    if (s == KDT_OK) s = to_host(L, L->h_acc, L->acc, (2 * (size_t)Ba + 2 * (size_t)Ba * Q) * sizeof(int32_t));
+    if (s != KDT_OK) return s;
+    const views h = tree_views(L, L->h_tree_io, L->h_acc);
+    for (int32_t a = 0; a < Ba; a++) {
+        const int32_t slot = L->act[a], len = h.accept_len[a];
+        if (h.status[a] != 0 || len < 0 || len >= L->n_rows[a])
+            return kdt_fail(KDT_ERR_INTERNAL, "speculative loop: tree_accept gave request %d status %d, accept_len %d", slot,
+                            h.status[a], len);
+        kdt_spec_request *r = &L->reqs[slot];
+        r->steps++;
+        r->accepted += len;
+        L->st->accepted += len;
+        L->n_new[a] = 0;
+        for (int32_t t = 0; t <= len && !L->done[slot]; t++, L->n_new[a]++) push(L, slot, h.accept_tokens[(size_t)a * Q + t]);
+        L->act_len[a] = L->hist_len[slot];
+        L->st->tokens += L->n_new[a];
+    }
+    return KDT_OK;
+}
+
+/* kdt_cache_commit once per distinct row count (one call with pad_tree). */
+static kdt_status commit(loop *L) {
+    const int32_t Ba = L->Ba, Q = L->Q;
+    const views h = tree_views(L, L->h_tree_io, L->h_acc);
+    for (int32_t a = 0; a < Ba; a++) {
+        const int32_t n = L->n_rows[a];
+        int first = 1;
+        for (int32_t e = 0; e < a && first; e++) first = L->n_rows[e] != n;
+        if (!first) continue;
+        int32_t Bg = 0;
+        for (int32_t e = a; e < Ba; e++) {
+            if (L->n_rows[e] != n) continue;
+            L->c_req[Bg] = L->act[e];
+            L->c_len[Bg] = h.accept_len[e];
+            memcpy(L->c_idx + (size_t)Bg * n, h.accept_index + (size_t)e * Q, (size_t)n * sizeof *L->c_idx);
+            Bg++;
+        }
+        kdt_status s = kdt_cache_commit(L->cache, Bg, L->c_req, n, L->c_idx, L->c_len);
+        if (s != KDT_OK) return s;
+    }
+    return KDT_OK;
+}
+
+static kdt_status observe(loop *L) {
+    const views h = tree_views(L, L->h_tree_io, L->h_acc);
+    const kdt_draft_feedback fb = {.n_new = L->n_new, .accept_len = h.accept_len, .hidden = L->hidden,
+                                   .row_start = L->hidden ? L->row_start : NULL, .n_rows = L->hidden ? L->n_rows : NULL,
+                                   .accept_index = L->hidden ? h.accept_index : NULL, .Q = L->Q};
+    const kdt_draft_ctx ctx = ctx_of(L);
+    return L->dr->observe(L->dr->state, &ctx, &fb);
+}
+
+static kdt_status spec_step(loop *L) {
+    kdt_spec_stats *st = L->st;
+    double t = now_s();
+    kdt_status s;
+    if ((s = draft(L)) || (s = lap(L, &t, &st->t_draft)) || (s = build_tree(L)) || (s = lap(L, &t, &st->t_tree)) ||
+        (s = verify(L)) || (s = lap(L, &t, &st->t_verify)) || (s = accept(L)) || (s = lap(L, &t, &st->t_accept)) ||
+        (s = commit(L)) || (s = lap(L, &t, &st->t_commit)) || (s = observe(L)) || (s = lap(L, &t, &st->t_draft)))
+        return s;
+    return KDT_OK;
+}
+
+/* Plain greedy decoding: one row per request. */
+static kdt_status greedy_step(loop *L) {
+    double t = now_s();
+    for (int32_t a = 0; a < L->Ba; a++) L->n_rows[a] = 1;
+    for (int32_t a = 0; a < L->Ba; a++) L->f_tok[a] = L->act_hist[a][L->act_len[a] - 1];
+    kdt_status s = forward(L, L->f_tok, NULL, NULL, KDT_LOGITS_LAST, NULL);
+    if (s == KDT_OK) s = next_tokens(L);
+    if (s != KDT_OK) return s;
+    for (int32_t a = 0; a < L->Ba; a++) {
+        L->reqs[L->act[a]].steps++;
+        push(L, L->act[a], L->h_pred[a]);
+    }
+    L->st->tokens += L->Ba;
+    return lap(L, &t, &L->st->t_verify);
+}
+
+/* ---- entry ---- */
+
+static kdt_status check_args(const kdt_model *m, const kdt_drafter *dr, const kdt_spec_params *p, int32_t B,
+                             const kdt_spec_request *reqs) {
+    if (!m || !p || !reqs || B < 1) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: model, params or requests missing, or B = %d < 1", B);
+    if (dr) {
+        if (p->depth < 1 || p->depth > KDT_TREE_MAX_DEPTH || p->topk < 1 || p->topk > KDT_TREE_MAX_TOPK || p->budget < 1 ||
+            p->budget > KDT_TREE_MAX_BUDGET || p->budget + 1 > KDT_MODEL_MAX_TREE)
+            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: depth %d, topk %d, budget %d: need 1 .. %d, 1 .. %d, 1 .. %d",
+                            p->depth, p->topk, p->budget, KDT_TREE_MAX_DEPTH, KDT_TREE_MAX_TOPK, KDT_TREE_MAX_BUDGET);
+        if (!dr->begin || !dr->propose || !dr->observe)
+            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: drafter '%s' lacks begin, propose or observe", dr->name ? dr->name : "?");
+    }
+    for (int32_t b = 0; b < B; b++) {
+        const kdt_spec_request *r = &reqs[b];
+        if (!r->prompt || r->prompt_len < 1 || r->max_new < 0 || (r->max_new > 0 && !r->out))
+            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: request %d: prompt_len %d (need >= 1), max_new %d (>= 0) or a NULL pointer",
+                            b, r->prompt_len, r->max_new);
+        if ((int64_t)r->prompt_len + r->max_new + p->budget + 1 > INT32_MAX / 2)
+            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: request %d is too long", b);
+    }
+    return KDT_OK;
+}
+
+kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *dr, const kdt_spec_params *p, int32_t B, kdt_spec_request *reqs,
+                             kdt_spec_stats *stats, void *stream) {
+    kdt_status s = check_args(m, dr, p, B, reqs);
+    if (s != KDT_OK) return s;
+    const double t0 = now_s();
+    kdt_spec_stats local;
+    kdt_spec_stats *st = stats ? stats : &local;
+    memset(st, 0, sizeof *st);
+    const kdt_model_config *cf = kdt_model_get_config(m);
+    loop L = {.m = m, .dr = dr, .p = *p, .be = kdt_model_backend(m), .stream = stream, .st = st, .reqs = reqs, .B = B,
+              .D = dr ? p->depth : 1, .K = dr ? p->topk : 1, .N = dr ? p->budget : 1, .V = cf->vocab_size, .hid = cf->hidden_size};
+    L.Q = L.N + 1;
+    int32_t max_hist = 1;
+    for (int32_t b = 0; b < B; b++) {
+        reqs[b].n_out = reqs[b].steps = reqs[b].accepted = 0;
+        if (reqs[b].prompt_len + reqs[b].max_new > max_hist) max_hist = reqs[b].prompt_len + reqs[b].max_new;
+    }
+    /* The cache holds a history without its root, plus the tree rows being verified. */
+    s = loop_alloc(&L, max_hist + L.Q);
+    if (s == KDT_OK && dr) {
+        const kdt_draft_setup set = {.slots = B, .max_len = max_hist, .D = L.D, .K = L.K, .vocab_size = L.V,
+                                     .hidden_size = L.hid, .backend = L.be, .stream = stream};
+        s = dr->begin(dr->state, &set);
+    }
+    for (int32_t b = 0; s == KDT_OK && b < B; b++) L.done[b] = reqs[b].max_new == 0;
+    double t = now_s();
+    if (s == KDT_OK) s = prefill(&L);
+    if (s == KDT_OK) s = lap(&L, &t, &st->t_prefill);
+    for (gather_active(&L); s == KDT_OK && L.Ba > 0; gather_active(&L)) {
+        st->steps++;
+        st->request_steps += L.Ba;
+        s = dr ? spec_step(&L) : greedy_step(&L);
+    }
+    loop_free(&L);
+    st->t_total = now_s() - t0;
+    return s;
+}
