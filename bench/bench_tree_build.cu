@@ -126,14 +126,15 @@ static void free_params(kdt_tree_build_params *p, int dev) {
 }
 
 /* Top-K log-probabilities, sorted within each (b, d): the k-th is the previous minus an
- * exponential gap, like the head of a softmax. */
-static void fill_inputs(const kdt_tree_build_params *h) {
+ * exponential gap, like the head of a softmax. positive != 0 adds 2 to each request's first row,
+ * which sends every request down the kernel's sequential path (a score above 0). */
+static void fill_inputs(const kdt_tree_build_params *h, int positive) {
     float *sc = (float *)h->scores;
     int32_t *tok = (int32_t *)h->tokens, *root = (int32_t *)h->root_token, *seq = (int32_t *)h->seq_len;
     for (int r = 0; r < h->B * h->D; r++) {
         float v = -0.05f * (float)(rnd() % 64);
         for (int k = 0; k < h->K; k++) {
-            sc[(size_t)r * h->K + k] = v;
+            sc[(size_t)r * h->K + k] = v + (positive && r % h->D == 0 ? 2.0f : 0.0f);
             v -= 0.02f + (float)(rnd() % 1000) / 400.0f;
         }
     }
@@ -233,6 +234,20 @@ static const char *compare_outputs(const kdt_tree_build_params *d, const kdt_tre
     return NULL;
 }
 
+extern "C" int kdt_tree_build_cuda_merge_shape(int D, int K, int N); /* src/cuda/tree_build.cu */
+
+/* Requests the kernel runs on its merge path (sorted rows, no score above 0, shape fits). */
+static int merge_requests(const kdt_tree_build_params *h) {
+    if (!kdt_tree_build_cuda_merge_shape(h->D, h->K, h->budget)) return 0;
+    int n = 0;
+    for (int b = 0; b < h->B; b++) {
+        int pos = 0;
+        for (size_t i = 0; i < (size_t)h->D * h->K; i++) pos |= h->scores[(size_t)b * h->D * h->K + i] > 0.0f;
+        n += !pos;
+    }
+    return n;
+}
+
 static const int shapes[][4] = { /* B, D, K, N */
     {1, 7, 4, 12},     {64, 8, 8, 64},     {64, 16, 8, 128},  {256, 8, 16, 64},
     {256, 16, 8, 256}, {64, 16, 8, 256},   {16, 16, 16, 1024}, {1, 16, 8, 128},
@@ -280,20 +295,25 @@ int main(int argc, char **argv) {
          g_iters, g_batches);
     emit("| kernel | stream us | graph us |\n|---|---|---|\n| empty | %.2f | %.2f |\n\n",
          time_launches(launch_empty, NULL, s, 0), time_launches(launch_empty, NULL, s, 1));
-    emit("| B | D | K | N | nodes/req | kernel us | graph us | floor us | cpu+copies us | cpu / kernel | check |\n"
-         "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    emit("path: requests on the kernel's merge path (log-probabilities) / on its sequential path (rows "
+         "with a positive score, second half of the table)\n\n");
+    emit("| B | D | K | N | path merge/seq | nodes/req | kernel us | graph us | floor us | cpu+copies us | cpu / kernel | check |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     int failures = 0;
-    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
+    for (size_t c = 0; c < 2 * n_shapes; c++) {
+        const int *sh = shapes[c % n_shapes], positive = c >= n_shapes;
         kdt_tree_build_params d;
         memset(&d, 0, sizeof d);
-        d.B = shapes[c][0];
-        d.D = shapes[c][1];
-        d.K = shapes[c][2];
-        d.budget = shapes[c][3];
+        d.B = sh[0];
+        d.D = sh[1];
+        d.K = sh[2];
+        d.budget = sh[3];
         kdt_tree_build_params h = d;
         alloc_params(&d, 1);
         alloc_params(&h, 0);
-        fill_inputs(&h);
+        fill_inputs(&h, positive);
+        const int nm = merge_requests(&h);
         const size_t bdk4 = (size_t)d.B * d.D * d.K * 4, b4 = (size_t)d.B * 4;
         CK(cudaMemcpy((void *)d.scores, h.scores, bdk4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy((void *)d.tokens, h.tokens, bdk4, cudaMemcpyHostToDevice));
@@ -311,8 +331,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 10; i++) bytes += od.bytes[i];
         const float tk = time_launches(launch_tree_build, &d, s, 0), tg = time_launches(launch_tree_build, &d, s, 1);
         const double tc = time_cpu_path(&d, &h, s);
-        emit("| %d | %d | %d | %d | %.1f | %.2f | %.2f | %.3f | %.1f | %.1fx | %s%s |\n", d.B, d.D, d.K, d.budget,
-             nodes / d.B, tk, tg, bytes / 4.1e12 * 1e6, tc, tc / tk, diff ? "MISMATCH " : "ok", diff ? diff : "");
+        emit("| %d | %d | %d | %d | %d/%d | %.1f | %.2f | %.2f | %.3f | %.1f | %.1fx | %s%s |\n", d.B, d.D, d.K,
+             d.budget, nm, d.B - nm, nodes / d.B, tk, tg, bytes / 4.1e12 * 1e6, tc, tc / tk, diff ? "MISMATCH " : "ok", diff ? diff : "");
         free_params(&d, 1);
         free_params(&h, 0);
     }

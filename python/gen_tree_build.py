@@ -162,6 +162,40 @@ def mixed_sign_scores(rng, B, D, K):
     return sort_rows(rng.normal(0.0, 1.0, size=(B, D, K)).astype(F32))
 
 
+def tiny_set_scores(rng, B, D, K):
+    """Scores from {0, -0.0, -1, -2}: sums equal across depths and parents everywhere, and a 0
+    makes a child tie its parent (the CUDA kernel's merge path and its tie-breaks)."""
+    vals = np.array([0.0, -0.0, -1.0, -2.0], F32)
+    return sort_rows(vals[rng.integers(0, vals.size, size=(B, D, K))])
+
+
+def zero_scores(rng, B, D, K):
+    """Every score 0 or -0.0, some rows cut by -inf / NaN: every node ties every other; the tree is
+    breadth-first by depth, then parent, then k."""
+    s = np.where(rng.random((B, D, K)) < 0.5, F32(0.0), F32(-0.0)).astype(F32)
+    cut = rng.integers(1, K + 1, size=(B, D))
+    return np.where(np.arange(K)[None, None, :] >= cut[..., None], F32(-np.inf), s).astype(F32)
+
+
+def quantized_scores(rng, B, D, K):
+    """Multiples of -0.25 (exact sums): many equal scores at different depths and parents."""
+    return sort_rows(-(rng.integers(0, 6, size=(B, D, K)) * 0.25).astype(F32))
+
+
+def mixed_path_scores(rng, B, D, K):
+    """A batch mixing requests the CUDA kernel takes down its merge path (log-probabilities, ties)
+    with requests it takes down its sequential path (a positive score, a +inf head)."""
+    s = np.concatenate([logprob_scores(rng, B, D, K)[: B // 2], tiny_set_scores(rng, B - B // 2, D, K)])
+    kind = rng.integers(0, 3, size=B)      # 0: as is; 1: a row shifted above 0; 2: a +inf head
+    for b in range(B):
+        d = int(rng.integers(0, D))
+        if kind[b] == 1:
+            s[b, d] += F32(1.5)
+        elif kind[b] == 2:
+            s[b, d, 0] = np.inf
+    return s
+
+
 CASES = [  # name, B, D, K, N, scores maker (None: log-probs)
     ("singlereq", 1, 7, 4, 12, None),
     ("small_budget", 5, 7, 4, 4, None),
@@ -177,6 +211,12 @@ CASES = [  # name, B, D, K, N, scores maker (None: log-probs)
     ("overflow", 6, 5, 4, 24, overflow_scores),
     ("mixed_sign", 8, 8, 6, 48, mixed_sign_scores),
     ("chain_k1", 6, 12, 1, 20, None),
+    ("tiny_set", 24, 7, 4, 60, tiny_set_scores),
+    ("tiny_set_wide", 6, 5, 16, 200, tiny_set_scores),
+    ("zeros", 8, 6, 3, 50, zero_scores),
+    ("quantized", 16, 9, 6, 100, quantized_scores),
+    ("mixed_paths", 24, 8, 5, 48, mixed_path_scores),
+    ("bench_shape", 64, 16, 8, 128, None),
     ("edge_d64k64", 2, 64, 64, 400, None),
     ("empty_batch", 0, 3, 2, 5, None),
 ]

@@ -2,7 +2,8 @@
  * exact, on cpu and (where a device is present) cuda; the bad bundles must fail with the stated
  * status and a message naming the problem. Then, on fresh random inputs ($KDT_SEED, else the
  * clock): cuda against cpu byte for byte on sorted rows full of ties, -0.0, +inf heads and
- * -inf/NaN tails; both backends on unsorted garbage through the C API (a well-formed tree, no
+ * -inf/NaN tails, requests of the kernel's merge and sequential paths mixed in each batch (the
+ * line names how many of each); both backends on unsorted garbage through the C API (a well-formed tree, no
  * write outside the outputs); and the C API's argument errors. */
 #include <math.h>
 #include <stdio.h>
@@ -96,19 +97,49 @@ static int cmp_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-/* Sorted rows: values from a few levels (ties everywhere, -0.0 beside 0.0) or continuous; some
- * rows start with +inf and most end in -inf / NaN at a random point. */
+/* Sorted rows: values from a few levels (ties everywhere, -0.0 beside 0.0, sums equal across
+ * depths and parents, zeros that make a child tie its parent) or continuous; most rows end in
+ * -inf / NaN at a random point. Each request draws its kind: log-probabilities (no score above
+ * 0: the kernel's merge path), or the same with +inf heads or positive scores in some rows (its
+ * sequential path), so both paths run side by side in one launch. */
 static void sorted_scores(float *sc, int B, int D, int K, int ties) {
     static const float levels[] = {0.0f, -0.0f, -0.5f, -1.0f, -0.6931472f, -2.0f};
-    for (int r = 0; r < B * D; r++) {
-        float *row = sc + (size_t)r * K;
-        for (int k = 0; k < K; k++)
-            row[k] = ties ? levels[rnd() % 6] : -6.0f * uniform() * uniform();
-        qsort(row, K, sizeof *row, cmp_desc);
-        if (rnd() % 16 == 0) row[0] = INFINITY;
-        int cut = rnd() % 4 == 0 ? (int)(rnd() % (K + 1)) : K;
-        for (int k = cut; k < K; k++) row[k] = rnd() % 2 ? -INFINITY : NAN;
+    for (int b = 0; b < B; b++) {
+        const int kind = (int)(rnd() % 4); /* 0, 1: log-probs; 2: +inf heads; 3: positive scores */
+        const int nlev = rnd() % 2 ? 6 : 4;  /* 4: only {0, -0, -0.5, -1} */
+        for (int d = 0; d < D; d++) {
+            float *row = sc + ((size_t)b * D + d) * K;
+            for (int k = 0; k < K; k++)
+                row[k] = ties ? levels[rnd() % nlev] : -6.0f * uniform() * uniform();
+            if (kind == 3 && rnd() % 4 == 0)
+                for (int k = 0; k < K; k++) row[k] += ties ? 1.0f : 0.5f;
+            qsort(row, K, sizeof *row, cmp_desc);
+            if (kind == 2 && rnd() % 4 == 0) row[0] = INFINITY;
+            int cut = rnd() % 4 == 0 ? (int)(rnd() % (K + 1)) : K;
+            for (int k = cut; k < K; k++) row[k] = rnd() % 2 ? -INFINITY : NAN;
+        }
     }
+}
+
+#if KDT_HAVE_CUDA
+int kdt_tree_build_cuda_merge_shape(int D, int K, int N); /* src/cuda/tree_build.cu */
+#endif
+
+/* Requests the CUDA kernel runs on its merge path: rows sorted (always, here) and no score
+ * above 0, when the shape's shared memory fits. */
+static int merge_requests(const float *sc, int B, int D, int K, int N) {
+#if KDT_HAVE_CUDA
+    if (!kdt_tree_build_cuda_merge_shape(D, K, N)) return 0;
+#else
+    (void)N;
+#endif
+    int n = 0;
+    for (int b = 0; b < B; b++) {
+        int pos = 0;
+        for (size_t i = 0; i < (size_t)D * K; i++) pos |= sc[(size_t)b * D * K + i] > 0.0f;
+        n += !pos;
+    }
+    return n;
 }
 
 static void garbage_scores(float *sc, size_t n) {
@@ -194,14 +225,15 @@ static const int shapes[][4] = { /* B, D, K, N */
 
 static void check_random_cuda_vs_cpu(uint64_t seed) {
     if (!kt_backend_usable(KDT_BACKEND_CUDA, "tree_build random inputs, cuda against cpu")) return;
-    for (size_t c = 0; c < 2 * N_SHAPES; c++) {
-        const int *sh = shapes[c % N_SHAPES], ties = (int)(c / N_SHAPES);
-        char what[160];
-        snprintf(what, sizeof what, "tree_build random B=%d D=%d K=%d budget=%d %s seed=%llu", sh[0], sh[1], sh[2],
-                 sh[3], ties ? "ties" : "continuous", (unsigned long long)seed);
+    for (size_t c = 0; c < 4 * N_SHAPES; c++) {
+        const int *sh = shapes[c % N_SHAPES], ties = (int)(c / N_SHAPES) % 2;
+        char what[200];
         inputs x;
         make_inputs(&x, sh[0], sh[1], sh[2], sh[3]);
         sorted_scores(x.scores, x.B, x.D, x.K, ties);
+        const int nm = merge_requests(x.scores, x.B, x.D, x.K, x.N);
+        snprintf(what, sizeof what, "tree_build random B=%d D=%d K=%d budget=%d %s paths merge=%d sequential=%d seed=%llu",
+                 sh[0], sh[1], sh[2], sh[3], ties ? "ties" : "continuous", nm, x.B - nm, (unsigned long long)seed);
         kdt_kdtr *in = NULL, *cpu = NULL, *want = NULL, *gpu = NULL;
         kdt_status s = open_inputs(&x, &in);
         if (s == KDT_OK) s = kt_run_op("tree_build", in, KDT_BACKEND_CPU, &cpu);

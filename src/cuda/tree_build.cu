@@ -1,20 +1,28 @@
-/* tree_build CUDA (SPEC 2.1): one block of 4 warps per request; one launch writes every output.
+/* tree_build CUDA (SPEC 2.1): one block of 16 warps per request; one launch writes every output.
+ * Each request takes one of two paths, chosen inside the kernel from its own scores:
  *
- * Selection (one warp): rows are sorted, so under each selected node only its best unselected
- * child can be next; that child is the node's "slot". Popping slot p = candidate (p, depth t, k)
- * makes node n, moves slot p to (p, t, k + 1) and opens slot n at (n, t + 1, first k). Slot i
- * lives in lane i % 32, register i / 32, as a 64-bit key whose unsigned order is the SPEC's
- * order. A step is two warp reductions (redux.sync: max of the high words, then min of the
- * tie-break words among the lanes holding that max), one shared-memory load for the new slot
- * and O(N / 32) register work per lane (docs/perf/tree_build.md).
- * Meanwhile the other three warps zero this request's tree_mask and stage its tokens; after a
- * barrier all four write the node outputs and the mask's ones (each row's ancestors).
+ * Merge path (every row sorted and no score above 0, i.e. log-probabilities): a child's key
+ * (-score, depth, ...) never precedes its parent's, so best-first selection equals the trie's
+ * global order truncated to N, and it is built depth by depth with the whole block: a running
+ * list G of the best N nodes so far; each depth ranks the children of G's newest nodes (the
+ * frontier: K sorted columns, one per k) by binary searches and merges them into G. Proof and
+ * costs in docs/perf/tree_build.md.
+ *
+ * Sequential path (any other request): rows are sorted, so under each selected node only its
+ * best unselected child can be next; that child is the node's "slot". Popping slot p =
+ * candidate (p, depth t, k) makes node n, moves slot p to (p, t, k + 1) and opens slot n at
+ * (n, t + 1, first k). Slot i lives in lane i % 32, register i / 32, as a 64-bit key whose
+ * unsigned order is the SPEC's order. A step is two warp reductions (redux.sync: max of the high
+ * words, then min of the tie-break words among the lanes holding that max), one shared-memory
+ * load for the new slot and O(N / 32) register work per lane. Meanwhile the other warps zero
+ * this request's tree_mask and stage its tokens.
+ * After a barrier all warps write the node outputs and the mask's ones (each row's ancestors).
  *
  * Bit-exact with the CPU: sums are the same single f32 additions (parent score + scores[b][d][k],
- * no FMA possible), and the key orders finite scores exactly as float comparison does. -0.0
+ * no FMA possible), and both paths order finite scores exactly as float comparison does. -0.0
  * never occurs: the root is +0.0 and an f32 sum is -0.0 only when both terms are.
  * Any scores are safe: every index is bounded by D, K and N whatever the values; unsorted rows
- * (refused by the adapter) only give a different tree. */
+ * (refused by the adapter) take the sequential path and only give a different tree. */
 #include <stdint.h>
 
 #include "cuda/cuda_common.cuh"
@@ -22,7 +30,7 @@
 
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 16;
 constexpr int kThreads = 32 * kWarps;
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -140,16 +148,246 @@ __device__ void zero_bytes(uint8_t *dst, size_t len, int i, int stride) {
     for (size_t j = head + body * 16 + i; j < len; j += stride) dst[j] = 0;
 }
 
-/* Grid: one block per request. Dynamic shared memory, 20 Q + 4 (2 D + 1) K bytes: rec [Q],
- * scores [D + 1, K] (a zero pad row), tokens [D, K], first child and next sibling [Q]. At most
- * 53524 bytes (N = 1024, D = K = 64). */
+/* ---- merge path ---- */
+
+__device__ __forceinline__ bool is_bottom(float v) { return v != v || v == -INFINITY; }
+
+/* The merge path's shared arrays (docs/perf/tree_build.md). G is the best N nodes so far in
+ * selection order, double-buffered by depth parity: score, meta = (parent + 1) << 16 | depth << 8
+ * | k with parent a G position (-1 the root), and the G position of the previous sibling (-1
+ * none). F is the frontier, G's nodes of the newest depth in G order: score and G position. */
+struct merge_smem {
+    float *gs;      /* [2, N] */
+    uint32_t *gm;   /* [2, N] */
+    int32_t *gv;    /* [2, N] */
+    float *fs;      /* [2, N] */
+    int32_t *fg;    /* [2, N] */
+    int32_t *gsh;   /* [N] candidates that precede G[g] */
+    int32_t *cpos;  /* [cmax] a candidate's position in the merged list */
+    int32_t *cq;    /* [cmax] its G elements that precede it */
+    int32_t *lens;  /* [K] surviving candidates of column k (a prefix of the frontier) */
+    int32_t *off;   /* [K] first flat index of column k */
+    int32_t *ctr;   /* [1] frontier size of the next depth */
+};
+
+/* Bytes of merge_smem for (N, K); cmax bounds the candidates of one depth: a survivor (j, k)
+ * has (j + 1)(k + 1) <= N, so column k holds at most N / (k + 1). */
+__host__ __device__ inline int merge_cmax(int N, int K) {
+    int c = 0;
+    for (int k = 0; k < K; k++) c += N / (k + 1);
+    return c;
+}
+
+__host__ __device__ inline size_t merge_smem_bytes(int N, int K) {
+    return (size_t)4 * (11 * N + 2 * merge_cmax(N, K) + 2 * K + 1);
+}
+
+__device__ merge_smem merge_carve(uint8_t *base, int N, int K) {
+    merge_smem m;
+    m.gs = (float *)base;
+    m.gm = (uint32_t *)(m.gs + 2 * N);
+    m.gv = (int32_t *)(m.gm + 2 * N);
+    m.fs = (float *)(m.gv + 2 * N);
+    m.fg = (int32_t *)(m.fs + 2 * N);
+    m.gsh = m.fg + 2 * N;
+    m.cpos = m.gsh + N;
+    m.cq = m.cpos + merge_cmax(N, K);
+    m.lens = m.cq + merge_cmax(N, K);
+    m.off = m.lens + K;
+    m.ctr = m.off + K;
+    return m;
+}
+
+/* Column of flat candidate index f: the last k with off[k] <= f (empty columns only trail). */
+__device__ __forceinline__ int column_of(const int32_t *off, int K, int f) {
+    int lo = 0, hi = K - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (off[mid] <= f) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Runs on the whole block; returns the number of draft nodes and leaves node i + 1 in rec[i + 1]
+ * and the children lists in fc / ns. Rows must be sorted and no score above 0. Depth t (the
+ * candidates of draft depth t, tree depth t + 1), four barriers:
+ *  1. lens: column k's survivors, a prefix of the frontier: finite, above G's N-th score when G
+ *     is full, and fewer than N nodes provably before them (G up to the parent, and the (j + 1)
+ *     (k + 1) - 1 candidates (j' <= j, k' <= k)).
+ *  2. off: a scan of lens (every warp; warp 0 stores it); accumulators cleared.
+ *  3. ranks: a candidate's position = its G predecessors (binary search on G's scores) + j + per
+ *     other column l its predecessors there (binary search; (c, j, l) order); a G element's shift
+ *     = per column the candidates with a higher score. One item per (candidate or G element,
+ *     column), summed with shared atomics.
+ *  4. scatter into the other buffer, positions >= N dropped; parents and previous siblings
+ *     remapped through the shifts; the survivors in rank order are the next frontier. */
+__device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base, uint4 *rec, short *fc, short *ns) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const merge_smem m = merge_carve(base, N, K);
+    if (tid == 0) {
+        m.fs[0] = 0.0f;
+        m.fg[0] = -1;
+    }
+    int nG = 0, nF = 1, cur = 0;
+    __syncthreads();
+    for (int t = 0; t < D && nF > 0; t++, cur ^= 1) {
+        const float *x = sc + t * K;
+        const float *gs = m.gs + cur * N, *fs = m.fs + cur * N;
+        const uint32_t *gm = m.gm + cur * N;
+        const int32_t *gv = m.gv + cur * N, *fg = m.fg + cur * N;
+        const bool full = nG == N;
+        const float theta = full ? gs[N - 1] : 0.0f;
+
+        /* 1. lens */
+        for (int k = warp; k < K; k += kWarps) {
+            const float xk = x[k];
+            int len = 0;
+            for (int j0 = 0;; j0 += 32) {
+                const int j = j0 + lane;
+                bool ok = false;
+                if (j < nF) {
+                    const float c = __fadd_rn(fs[j], xk);
+                    ok = isfinite(c) && (!full || c > theta) && fg[j] + (j + 1) * (k + 1) < N;
+                }
+                const unsigned bal = __ballot_sync(kFull, ok);
+                if (bal != kFull) {
+                    len += __ffs(~bal) - 1; /* the prefix only, whatever the rest */
+                    break;
+                }
+                len += 32;
+            }
+            if (lane == 0) m.lens[k] = len;
+        }
+        __syncthreads();
+
+        /* 2. off, C; clear the accumulators */
+        int a = lane < K ? m.lens[lane] : 0, a2 = lane + 32 < K ? m.lens[lane + 32] : 0;
+        const int la = a, la2 = a2;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(kFull, a, o), v2 = __shfl_up_sync(kFull, a2, o);
+            if (lane >= o) {
+                a += v;
+                a2 += v2;
+            }
+        }
+        a2 += __shfl_sync(kFull, a, 31);
+        const int C = __shfl_sync(kFull, a2, 31);
+        if (warp == 0) {
+            if (lane < K) m.off[lane] = a - la;
+            if (lane + 32 < K) m.off[lane + 32] = a2 - la2;
+        }
+        for (int f = tid; f < C; f += kThreads) m.cpos[f] = 0;
+        for (int g = tid; g < nG; g += kThreads) m.gsh[g] = 0;
+        if (tid == 0) *m.ctr = 0;
+        __syncthreads();
+
+        /* 3. ranks */
+        const int g0 = fg[0] + 1, M = nG - g0; /* G before the first frontier node never moves */
+        const int items = C ? K * (C + M) : 0;
+        for (int e = tid; e < items; e += kThreads) {
+            if (e < K * C) {
+                const int l = e / C, f = e - l * C;
+                const int k = column_of(m.off, K, f), j = f - m.off[k];
+                const float c = __fadd_rn(fs[j], x[k]);
+                int lo, hi;
+                if (l == k) { /* G elements with a score >= c (lower depth wins ties) */
+                    lo = fg[j] + 1;
+                    hi = nG;
+                    while (lo < hi) {
+                        const int mid = (lo + hi) >> 1;
+                        if (gs[mid] >= c) lo = mid + 1;
+                        else hi = mid;
+                    }
+                    m.cq[f] = lo;
+                    lo += j; /* column k: exactly j before it */
+                } else { /* column l: (c', j') before (c, j) iff c' > c, or c' == c and j' < jt */
+                    const float xl = x[l];
+                    const int jt = j + (l < k);
+                    lo = l < k ? j + 1 : 0; /* l < k: every j' <= j is before; l > k: no j' >= j */
+                    hi = l < k ? m.lens[l] : min(j, m.lens[l]);
+                    while (lo < hi) {
+                        const int mid = (lo + hi) >> 1;
+                        const float cm = __fadd_rn(fs[mid], xl);
+                        if (cm > c || (cm == c && mid < jt)) lo = mid + 1;
+                        else hi = mid;
+                    }
+                }
+                if (lo) atomicAdd(&m.cpos[f], lo);
+            } else {
+                const int e2 = e - K * C, l = e2 / M, g = g0 + e2 - l * M;
+                const float sy = gs[g], xl = x[l];
+                int lo = 0, hi = m.lens[l];
+                while (lo < hi) { /* candidates of column l with a score > G[g]'s */
+                    const int mid = (lo + hi) >> 1;
+                    if (__fadd_rn(fs[mid], xl) > sy) lo = mid + 1;
+                    else hi = mid;
+                }
+                if (lo) atomicAdd(&m.gsh[g], lo);
+            }
+        }
+        __syncthreads();
+
+        /* 4. scatter */
+        float *gs_n = m.gs + (cur ^ 1) * N, *fs_n = m.fs + (cur ^ 1) * N;
+        uint32_t *gm_n = m.gm + (cur ^ 1) * N;
+        int32_t *gv_n = m.gv + (cur ^ 1) * N, *fg_n = m.fg + (cur ^ 1) * N;
+        for (int f = tid; f < C; f += kThreads) {
+            const int pos = m.cpos[f];
+            if (pos >= N) continue;
+            /* Indices read from shared memory are clamped: harmless when the ranks are exact (always,
+             * docs/perf/tree_build.md), and memory-safe whatever happens. */
+            const int k = column_of(m.off, K, f), j = f - m.off[k], gp = min(fg[j], N - 1), r = pos - m.cq[f];
+            const float c = __fadd_rn(fs[j], x[k]);
+            gs_n[pos] = c;
+            gm_n[pos] = (uint32_t)(gp < 0 ? 0 : gp + m.gsh[gp] + 1) << 16 | (uint32_t)(t + 1) << 8 | (uint32_t)k;
+            gv_n[pos] = k ? m.cpos[m.off[k - 1] + j] : -1; /* (j, k - 1) precedes it: kept */
+            if ((unsigned)r < (unsigned)N) {
+                fs_n[r] = c;
+                fg_n[r] = pos;
+            }
+            atomicAdd(m.ctr, 1);
+        }
+        for (int g = tid; g < nG; g += kThreads) {
+            const int np = g + m.gsh[g];
+            if (np >= N) continue;
+            const uint32_t mt = gm[g];
+            const int par = min((int)(mt >> 16), g) - 1, v = min(gv[g], g - 1);
+            gs_n[np] = gs[g];
+            gm_n[np] = (uint32_t)(par < 0 ? 0 : par + m.gsh[par] + 1) << 16 | (mt & 0xffffu);
+            gv_n[np] = v < 0 ? -1 : v + m.gsh[v];
+        }
+        nG = min(N, nG + C);
+        __syncthreads();
+        nF = *m.ctr;
+    }
+
+    /* Node i = G[i - 1]; children lists: the children of a node are its k = 0, 1, ... in index
+     * order (a child (p, k + 1) never precedes (p, k)), so k = 0 heads the list and every other
+     * child follows its previous sibling. fc and ns are -1 already. */
+    const float *gs = m.gs + cur * N;
+    const uint32_t *gm = m.gm + cur * N;
+    const int32_t *gv = m.gv + cur * N;
+    for (int g = tid; g < nG; g += kThreads) {
+        const uint32_t mt = gm[g];
+        const int par = min((int)(mt >> 16), g), k = (int)(mt & 63), i = g + 1, v = gv[g];
+        rec[i] = make_uint4((mt >> 8 & 127u) << 17 | (uint32_t)par << 6 | (uint32_t)k, __float_as_uint(gs[g]), 0, 0);
+        if (k == 0) fc[par] = (short)i;
+        else if ((unsigned)v < (unsigned)g) ns[v + 1] = (short)i;
+    }
+    return nG;
+}
+
+/* Grid: one block per request. Dynamic shared memory: 20 Q + 4 (2 D + 1) K bytes: rec [Q],
+ * scores [D + 1, K] (a zero pad row), tokens [D, K], first child and next sibling [Q]; then,
+ * when `merge` (the launcher found room), merge_smem_bytes(N, K) for the merge path. */
 template <int R>
-__global__ void __launch_bounds__(kThreads) tree_build_kernel(kdt_tree_build_params p) {
+__global__ void __launch_bounds__(kThreads) tree_build_kernel(kdt_tree_build_params p, int merge) {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int n_nodes;
     const int b = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int D = p.D, K = p.K, N = p.budget, Q = N + 1;
-    uint4 *rec = (uint4 *)smem;                  /* [Q] node records (select_nodes) */
+    uint4 *rec = (uint4 *)smem;                  /* [Q] node records */
     float *sc = (float *)(rec + Q);              /* [D + 1, K] this request's scores, a pad row */
     int32_t *tk = (int32_t *)(sc + (D + 1) * K); /* [D, K] its tokens */
     short *fc = (short *)(tk + D * K);           /* [Q] first child */
@@ -160,17 +398,30 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(kdt_tree_build_par
     for (int i = tid; i < (D + 1) * K; i += kThreads) sc[i] = i < D * K ? p.scores[bdk + i] : 0.0f;
     for (int i = tid; i < Q; i += kThreads) fc[i] = ns[i] = -1;
     __syncthreads();
+    /* The merge path needs log-probabilities in sorted rows (the SPEC's order: -inf and NaN only
+     * trail a row); anything else takes the sequential path. */
+    int other = 0;
+    for (int i = tid; i < D * K; i += kThreads)
+        other |= sc[i] > 0.0f || (i % K && !is_bottom(sc[i]) && (is_bottom(sc[i - 1]) || sc[i] > sc[i - 1]));
+    const bool use_merge = merge && !__syncthreads_or(other);
 
-    /* Rotating the selecting warp spreads it over the SM's schedulers when blocks share an SM. */
-    const int sel = b & (kWarps - 1);
     uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
-    if (warp == sel) {
-        const int n = select_nodes<R>(sc, D, K, N, lane, rec, fc, ns);
-        if (lane == 0) n_nodes = n;
+    if (use_merge) {
+        zero_bytes(mask, (size_t)Q * Q, tid, kThreads);
+        for (int i = tid; i < D * K; i += kThreads) tk[i] = p.tokens[bdk + i];
+        const int n = merge_select(sc, D, K, N, (uint8_t *)(ns + Q), rec, fc, ns);
+        if (tid == 0) n_nodes = n;
     } else {
-        const int h = tid - (warp > sel ? 32 : 0); /* 0 .. 95 among the helper warps */
-        zero_bytes(mask, (size_t)Q * Q, h, kThreads - 32);
-        for (int i = h; i < D * K; i += kThreads - 32) tk[i] = p.tokens[bdk + i];
+        /* Rotating the selecting warp spreads it over the SM's schedulers when blocks share an SM. */
+        const int sel = b & (kWarps - 1);
+        if (warp == sel) {
+            const int n = select_nodes<R>(sc, D, K, N, lane, rec, fc, ns);
+            if (lane == 0) n_nodes = n;
+        } else {
+            const int h = tid - (warp > sel ? 32 : 0); /* 0 .. kThreads - 33 among the helper warps */
+            zero_bytes(mask, (size_t)Q * Q, h, kThreads - 32);
+            for (int i = h; i < D * K; i += kThreads - 32) tk[i] = p.tokens[bdk + i];
+        }
     }
     __syncthreads(); /* orders the zeroes before the ones below */
 
@@ -200,24 +451,37 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(kdt_tree_build_par
         p.positions[o + i] = pos;
         p.first_child[o + i] = f;
         p.next_sibling[o + i] = s;
-        if (i <= n) /* ones at i and its ancestors; parents come before children */
-            for (int j = i; j > 0; j = (int)(rec[j].x >> 6) & 2047) mask[(size_t)i * Q + j] = 1;
+        if (i <= n) /* ones at i and its ancestors; a parent's index is below its child's */
+            for (int j = i; j > 0; j = min((int)(rec[j].x >> 6) & 2047, j - 1)) mask[(size_t)i * Q + j] = 1;
         if (i <= n) mask[(size_t)i * Q] = 1;
     }
     if (tid == 0) p.num_nodes[b] = n;
 }
 
+/* Shared memory of the merge path too, when it fits the device's limit (always, within the
+ * SPEC's limits on an H200: at most ~128 KB, N = 1024 with D = K = 64). */
+constexpr size_t kMaxSmem = 200 * 1024;
+
+size_t base_smem(int D, int K, int N) { return (size_t)20 * (N + 1) + (size_t)4 * (2 * D + 1) * K; }
+
 template <int R>
 kdt_status launch(const kdt_tree_build_params *p, cudaStream_t stream) {
-    const size_t smem = (size_t)20 * (p->budget + 1) + (size_t)4 * (2 * p->D + 1) * p->K;
-    if (smem > 48 * 1024) /* only the largest shapes; the default limit is 48 KB */
+    const size_t base = base_smem(p->D, p->K, p->budget), full = base + merge_smem_bytes(p->budget, p->K);
+    const int merge = full <= kMaxSmem;
+    const size_t smem = merge ? full : base;
+    if (smem > 48 * 1024) /* the default limit is 48 KB */
         KDT_CUDA_CHECK(cudaFuncSetAttribute(tree_build_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    tree_build_kernel<R><<<p->B, kThreads, smem, stream>>>(*p);
+    tree_build_kernel<R><<<p->B, kThreads, smem, stream>>>(*p, merge);
     KDT_CUDA_CHECK_LAUNCH("tree_build");
     return KDT_OK;
 }
 
 } // namespace
+
+/* 1 when requests of this shape may take the merge path (for tests and benches). */
+extern "C" int kdt_tree_build_cuda_merge_shape(int D, int K, int N) {
+    return base_smem(D, K, N) + merge_smem_bytes(N, K) <= kMaxSmem;
+}
 
 extern "C" kdt_status kdt_tree_build_cuda(const kdt_tree_build_params *p, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
