@@ -2,15 +2,20 @@
  * measured in the same run and FlashMLA's numbers from the issue.
  *
  *   build/bench/bench_verify_attn [--reps 50] [--out docs/perf/verify_attn_sm90_results.md]
- *                                 [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep]
+ *                                 [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I]
+ *                                 [--variants 6,5,2,1]
  *
  * Inputs: bf16, paged cache of block size 64 with a shuffled block table, kv_len = prefix + Q,
  * tree mask from random trees, sm_scale 0.13086. Each time is the median of --reps runs timed
  * with CUDA events, the L2 flushed (a 256 MB memset) before each run. Per shape it prints the
- * variant-2 (wgmma) time with the scheduler's split, variant 1 (mma.sync), the general fallback
- * kernel (kdt_verify_attn_cuda with $KDT_VA_SM90=0; fewer runs), a sweep of forced split counts,
- * and the variant-2 output's distance to variant 1's (a cross-check, not the test).
- * Ceilings: a bf16 cuBLAS GEMM 8192^3 (TFLOP/s) and a 1 GiB device-to-device copy (read + write). */
+ * times of the listed variants (verify_attn_sm90.h; 1 must be among them) with the scheduler's
+ * split, the default variant's being the table's main column; the general fallback kernel
+ * (kdt_verify_attn_cuda with $KDT_VA_SM90=0; fewer runs); a sweep of forced split counts of the
+ * default variant; and a cross-check (not the test): one more run of each variant into a
+ * NaN-poisoned o, compared with variant 1's (relative L2, max |d|, elements that differ, NaN;
+ * variants 2-4 accumulate in variant 1's order and match it bit for bit).
+ * Ceilings: a bf16 cuBLAS GEMM 8192^3 (TFLOP/s) and a 1 GiB device-to-device copy (read + write).
+ * --shape I runs only the I-th shape (0-based), e.g. under ncu. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,7 +152,7 @@ double copy_gbs(Bench &bn) {
 /* Device inputs of one shape. */
 struct Inputs {
     kdt_verify_attn_params p;
-    void *q, *kv, *o, *o_ref;
+    void *q, *kv, *o;
     int32_t *bt, *kv_len;
     uint8_t *mask;
     float *lse;
@@ -160,7 +165,6 @@ void make_inputs(const Shape &s, Inputs *in) {
     CK(cudaMalloc(&in->q, q_n * 2));
     CK(cudaMalloc(&in->kv, kv_n * 2));
     CK(cudaMalloc(&in->o, rows * kDv * 2));
-    CK(cudaMalloc(&in->o_ref, rows * kDv * 2));
     CK(cudaMalloc(&in->lse, rows * 4));
     fill_bf16<<<2048, 256>>>((__nv_bfloat16 *)in->q, q_n, rnd(), 2.f);
     fill_bf16<<<2048, 256>>>((__nv_bfloat16 *)in->kv, kv_n, rnd(), 1.f);
@@ -193,24 +197,42 @@ void make_inputs(const Shape &s, Inputs *in) {
 }
 
 void free_inputs(Inputs *in) {
-    cudaFree(in->q), cudaFree(in->kv), cudaFree(in->o), cudaFree(in->o_ref), cudaFree(in->lse);
+    cudaFree(in->q), cudaFree(in->kv), cudaFree(in->o), cudaFree(in->lse);
     cudaFree(in->bt), cudaFree(in->kv_len), cudaFree(in->mask);
 }
 
-/* Relative L2 distance of two bf16 device arrays of n elements. */
-double rel_l2(const void *a, const void *b, size_t n) {
-    uint16_t *ha = (uint16_t *)malloc(n * 2), *hb = (uint16_t *)malloc(n * 2);
-    CK(cudaMemcpy(ha, a, n * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hb, b, n * 2, cudaMemcpyDeviceToHost));
+/* Distance of a bf16 output a to a reference b (host arrays of n elements). */
+struct Diff {
+    double rel_l2, max_abs;
+    size_t differ, nan; /* elements whose bits differ; NaN in a (unwritten: the poison) */
+};
+Diff compare(const uint16_t *a, const uint16_t *b, size_t n) {
+    Diff d = {0, 0, 0, 0};
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t ua = (uint32_t)ha[i] << 16, ub = (uint32_t)hb[i] << 16;
+        uint32_t ua = (uint32_t)a[i] << 16, ub = (uint32_t)b[i] << 16;
         float fa, fb;
         memcpy(&fa, &ua, 4), memcpy(&fb, &ub, 4);
+        if (isnan(fa)) {
+            d.nan++;
+            continue;
+        }
+        d.differ += a[i] != b[i];
         num += ((double)fa - fb) * ((double)fa - fb), den += (double)fb * fb;
+        if (fabs((double)fa - fb) > d.max_abs) d.max_abs = fabs((double)fa - fb);
     }
-    free(ha), free(hb);
-    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+    d.rel_l2 = den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+    return d;
+}
+
+/* One run of a variant into o poisoned with NaN; its output to host (n elements). */
+void checked_run(Inputs &in, int variant, uint16_t *host, size_t n) {
+    kdt_va_sm90_config cfg = {variant, 0, 0};
+    int handled = 0;
+    CK(cudaMemset(in.o, 0xFF, n * 2));
+    KCK(kdt_verify_attn_sm90_ex(&in.p, NULL, &cfg, NULL, &handled));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(host, in.o, n * 2, cudaMemcpyDeviceToHost));
 }
 
 double run_sm90(Bench &bn, Inputs &in, int variant, int parts, int reps, kdt_va_sm90_info *info) {
@@ -244,7 +266,8 @@ double torch_us(const char *csv, const Shape &s) { /* bench/torch_sdpa_verify.py
 } // namespace
 
 int main(int argc, char **argv) {
-    int reps = 50, fallback = 1, sweep = 1;
+    int reps = 50, fallback = 1, sweep = 1, only = -1;
+    int vlist[KDT_VA_SM90_VARIANTS + 1] = {6, 5, 2, 1}, nvl = 4; /* variants timed; 1 is the cross-check's reference */
     const char *out = NULL, *csv = NULL, *torch_csv = NULL;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--reps") && a + 1 < argc) reps = atoi(argv[++a]);
@@ -253,8 +276,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--torch-csv") && a + 1 < argc) torch_csv = argv[++a];
         else if (!strcmp(argv[a], "--no-fallback")) fallback = 0;
         else if (!strcmp(argv[a], "--no-sweep")) sweep = 0;
+        else if (!strcmp(argv[a], "--shape") && a + 1 < argc) only = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--variants") && a + 1 < argc) {
+            nvl = 0;
+            for (char *t = strtok(argv[++a], ","); t && nvl < KDT_VA_SM90_VARIANTS; t = strtok(NULL, ","))
+                if (atoi(t) >= 1 && atoi(t) <= KDT_VA_SM90_VARIANTS) vlist[nvl++] = atoi(t);
+        }
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--out FILE.md] [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep]\n",
+            fprintf(stderr, "usage: %s [--reps N] [--out FILE.md] [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I] "
+                            "[--variants 6,5,2,1]\n",
                     argv[0]);
             return 2;
         }
@@ -287,72 +317,106 @@ int main(int argc, char **argv) {
            "%.0f TFLOP/s, device copy %.0f GB/s (read + write)\n\n",
            prop.name, prop.major, prop.minor, prop.multiProcessorCount, date, cmd, gemm, copy);
 
-    char table[16384] = "";
+    const char *env_v = getenv("KDT_VA_SM90");
+    const int vdef = env_v && atoi(env_v) >= 1 && atoi(env_v) <= KDT_VA_SM90_VARIANTS ? atoi(env_v) : KDT_VA_SM90_DEFAULT;
+    int have1 = 0, havedef = 0;
+    for (int k = 0; k < nvl; k++) have1 |= vlist[k] == 1, havedef |= vlist[k] == vdef;
+    if (!have1 && nvl < KDT_VA_SM90_VARIANTS) vlist[nvl++] = 1;
+    if (!havedef && nvl < KDT_VA_SM90_VARIANTS) vlist[nvl++] = vdef;
+    printf("default variant (the table's main time): %d\n\n", vdef);
+    char table[32768] = "";
     size_t tl = 0;
 #define ROW(...) (tl += (size_t)snprintf(table + tl, sizeof table - tl, __VA_ARGS__))
-    ROW("| B, H, Q, prefix | parts | us (wgmma) | TFLOP/s | %% GEMM | GB/s | %% copy | FlashMLA us | vs FlashMLA | "
-        "target | us (mma.sync) | us (fallback) | torch SDPA us | best forced parts (us) | wgmma vs mma rel_l2 |\n");
-    ROW("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    ROW("| B, H, Q, prefix | parts | us (default: v%d) | TFLOP/s | %% GEMM | GB/s | %% copy | FlashMLA us | vs FlashMLA | target |", vdef);
+    for (int k = 0; k < nvl; k++) ROW(" us v%d |", vlist[k]);
+    ROW(" us fallback | torch SDPA us | best forced parts (us) |");
+    for (int k = 0; k < nvl; k++)
+        if (vlist[k] != 1) ROW(" v%d vs v1: rel_l2, max abs, differing |", vlist[k]);
+    ROW("\n|---|---|---|---|---|---|---|---|---|---|");
+    for (int k = 0; k < nvl; k++) ROW("---|%s", vlist[k] != 1 ? "---|" : "");
+    ROW("---|---|---|\n");
     FILE *fc = csv ? fopen(csv, "w") : NULL;
     if (csv && !fc) fprintf(stderr, "cannot write %s\n", csv);
-    if (fc)
-        fprintf(fc, "B,H,Q,prefix,kv_len,parts,us_wgmma,tflops,pct_gemm,gbs,pct_copy,flashmla_us,us_mma,us_fallback,"
-                    "us_torch,best_parts,best_parts_us,gemm_tflops,copy_gbs\n");
+    if (fc) {
+        fprintf(fc, "B,H,Q,prefix,kv_len,parts,variant,us,tflops,pct_gemm,gbs,pct_copy,flashmla_us,");
+        for (int k = 0; k < nvl; k++) fprintf(fc, "us_v%d,", vlist[k]);
+        fprintf(fc, "us_fallback,us_torch,best_parts,best_parts_us,gemm_tflops,copy_gbs\n");
+    }
 
-    for (const Shape &s : kShapes) {
+    for (int si = 0; si < (int)(sizeof kShapes / sizeof *kShapes); si++) {
+        if (only >= 0 && si != only) continue;
+        const Shape &s = kShapes[si];
         Inputs in;
         make_inputs(s, &in);
         const int n = s.prefix + s.Q;
         const double flops = 2.0 * s.B * s.H * s.Q * (double)n * (kDqk + kDv);
         const double bytes = (double)s.B * n * kDqk * 2 + (double)s.B * s.Q * s.H * (kDqk + kDv) * 2;
         const size_t o_n = (size_t)s.B * s.Q * s.H * kDv;
-        kdt_va_sm90_info info;
-        memset(&info, 0, sizeof info);
-        const double t2 = run_sm90(bn, in, 2, 0, reps, &info);
-        CK(cudaMemcpy(in.o_ref, in.o, o_n * 2, cudaMemcpyDeviceToDevice)); /* variant 2's output */
-        kdt_va_sm90_info info1;
-        const double t1 = run_sm90(bn, in, 1, 0, reps, &info1);
-        const double diff = rel_l2(in.o_ref, in.o, o_n);
-        printf("B=%d H=%d Q=%d prefix=%d: m_tiles=%d parts=%d pdl=%d grid=%d smem=%d ws=%.1fMB  wgmma %.1f us  mma.sync %.1f us  "
-               "wgmma-vs-mma rel_l2 %.2e\n",
-               s.B, s.H, s.Q, s.prefix, info.m_tiles, info.parts, info.pdl, info.grid, info.smem_bytes, info.workspace_bytes / 1e6, t2,
-               t1, diff);
+        double t[KDT_VA_SM90_VARIANTS + 1] = {};
+        kdt_va_sm90_info info[KDT_VA_SM90_VARIANTS + 1];
+        uint16_t *out[KDT_VA_SM90_VARIANTS + 1] = {};
+        printf("B=%d H=%d Q=%d prefix=%d:", s.B, s.H, s.Q, s.prefix);
+        for (int k = 0; k < nvl; k++) {
+            const int v = vlist[k];
+            memset(&info[v], 0, sizeof info[v]);
+            t[v] = run_sm90(bn, in, v, 0, reps, &info[v]);
+            out[v] = (uint16_t *)malloc(o_n * 2);
+            checked_run(in, v, out[v], o_n);
+            printf("  v%d %.1f us (ran v%d)", v, t[v], info[v].variant);
+        }
+        Diff d[KDT_VA_SM90_VARIANTS + 1];
+        for (int k = 0; k < nvl; k++) d[vlist[k]] = compare(out[vlist[k]], out[1], o_n);
+        const kdt_va_sm90_info &id = info[vdef];
+        const double tm = t[vdef];
+        printf("\n  m_tiles=%d parts=%d pdl=%d grid=%d ws=%.1fMB smem=%d\n", id.m_tiles, id.parts, id.pdl, id.grid,
+               id.workspace_bytes / 1e6, id.smem_bytes);
+        for (int k = 0; k < nvl; k++)
+            if (vlist[k] != 1)
+                printf("  v%d vs v1: rel_l2 %.2e max|d| %.3g differing %zu NaN %zu (of %zu)\n", vlist[k], d[vlist[k]].rel_l2,
+                       d[vlist[k]].max_abs, d[vlist[k]].differ, d[vlist[k]].nan, o_n);
+        for (int k = 0; k < nvl; k++) free(out[vlist[k]]);
         double tf = NAN;
         if (fallback) {
             setenv("KDT_VA_SM90", "0", 1);
             KCK(kdt_verify_attn_cuda(&in.p, NULL));
             CK(cudaDeviceSynchronize());
             tf = time_us(bn, reps < 5 ? reps : 5, [&] { KCK(kdt_verify_attn_cuda(&in.p, NULL)); });
-            unsetenv("KDT_VA_SM90");
+            if (env_v) setenv("KDT_VA_SM90", env_v, 1);
+            else unsetenv("KDT_VA_SM90");
             printf("  fallback (kdt_verify_attn_cuda, hook off) %.1f us\n", tf);
         }
-        int best_p = info.parts;
-        double best_t = t2;
+        int best_p = id.parts;
+        double best_t = tm;
         if (sweep) {
-            printf("  forced parts:");
+            printf("  forced parts (v%d):", vdef);
             const int cand[] = {1, 2, 3, 4, 6, 8, 12, 16, 20, 26, 33, 44, 66, 132};
             for (int p : cand) {
-                if (p * info.m_tiles > 4 * prop.multiProcessorCount && p > 1) break;
-                const double t = run_sm90(bn, in, 2, p, reps < 10 ? reps : 10, NULL);
-                printf(" %d:%.1f", p, t);
-                if (t < best_t) best_t = t, best_p = p;
+                if (p * id.m_tiles > 4 * prop.multiProcessorCount && p > 1) break;
+                const double tp = run_sm90(bn, in, vdef, p, reps < 10 ? reps : 10, NULL);
+                printf(" %d:%.1f", p, tp);
+                if (tp < best_t) best_t = tp, best_p = p;
             }
-            printf("  (chosen %d)\n", info.parts);
+            printf("  (chosen %d)\n", id.parts);
         }
         const double tt = torch_us(torch_csv, s);
         const double target = s.B == 2 && s.H == 16 ? s.flashmla_us : 1.4 * s.flashmla_us;
         char fb_s[32] = "-", tt_s[32] = "-";
         if (fallback) snprintf(fb_s, sizeof fb_s, "%.0f", tf);
         if (!isnan(tt)) snprintf(tt_s, sizeof tt_s, "%.0f", tt);
-        ROW("| %d, %d, %d, %d | %d | %.1f | %.0f | %.0f%% | %.0f | %.0f%% | %.0f | %.2fx | %s (<= %.0f) | %.1f | %s | %s | %d "
-            "(%.1f) | %.1e |\n",
-            s.B, s.H, s.Q, s.prefix, info.parts, t2, flops / t2 / 1e6, 100 * flops / t2 / 1e6 / gemm, bytes / t2 / 1e3,
-            100 * bytes / t2 / 1e3 / copy, s.flashmla_us, t2 / s.flashmla_us, t2 <= target ? "met" : "MISSED", target, t1,
-            fb_s, tt_s, best_p, best_t, diff);
-        if (fc)
-            fprintf(fc, "%d,%d,%d,%d,%d,%d,%.2f,%.1f,%.1f,%.0f,%.1f,%.0f,%.2f,%.2f,%.2f,%d,%.2f,%.0f,%.0f\n", s.B, s.H, s.Q,
-                    s.prefix, n, info.parts, t2, flops / t2 / 1e6, 100 * flops / t2 / 1e6 / gemm, bytes / t2 / 1e3,
-                    100 * bytes / t2 / 1e3 / copy, s.flashmla_us, t1, tf, tt, best_p, best_t, gemm, copy);
+        ROW("| %d, %d, %d, %d | %d | %.1f | %.0f | %.0f%% | %.0f | %.0f%% | %.0f | %.2fx | %s (<= %.0f) |", s.B, s.H, s.Q, s.prefix,
+            id.parts, tm, flops / tm / 1e6, 100 * flops / tm / 1e6 / gemm, bytes / tm / 1e3, 100 * bytes / tm / 1e3 / copy,
+            s.flashmla_us, tm / s.flashmla_us, tm <= target ? "met" : "MISSED", target);
+        for (int k = 0; k < nvl; k++) ROW(" %.1f |", t[vlist[k]]);
+        ROW(" %s | %s | %d (%.1f) |", fb_s, tt_s, best_p, best_t);
+        for (int k = 0; k < nvl; k++)
+            if (vlist[k] != 1) ROW(" %.1e, %.2g, %zu |", d[vlist[k]].rel_l2, d[vlist[k]].max_abs, d[vlist[k]].differ);
+        ROW("\n");
+        if (fc) {
+            fprintf(fc, "%d,%d,%d,%d,%d,%d,%d,%.2f,%.1f,%.1f,%.0f,%.1f,%.0f,", s.B, s.H, s.Q, s.prefix, n, id.parts, vdef, tm,
+                    flops / tm / 1e6, 100 * flops / tm / 1e6 / gemm, bytes / tm / 1e3, 100 * bytes / tm / 1e3 / copy, s.flashmla_us);
+            for (int k = 0; k < nvl; k++) fprintf(fc, "%.2f,", t[vlist[k]]);
+            fprintf(fc, "%.2f,%.2f,%d,%.2f,%.0f,%.0f\n", tf, tt, best_p, best_t, gemm, copy);
+        }
         free_inputs(&in);
     }
     printf("\n%s\n", table);

@@ -1,12 +1,17 @@
 /* The Hopper verify_attn kernel (src/cuda/sm90, issue 6) against references on fresh random
  * inputs: the CPU backend (double accumulation) on every row for moderate shapes, and an f64
  * reference in this file on sampled tree rows for long prefixes. Each case runs every kernel
- * variant (1 mma.sync, 2 wgmma, 3 and 4 mixed) and the hook's default; outputs are NaN-poisoned
- * before each run and guard bytes around them are checked after.
+ * variant (1 mma.sync, 2 wgmma, 3 and 4 mixed, 5 ping-pong with TMA, 6 variant 2 with TMA) and
+ * the hook's default;
+ * outputs are NaN-poisoned before each run and guard bytes around them are checked after. Cache
+ * rows that hold no key of a request (past kv_len, spare blocks) are NaN, so a kernel that lets
+ * them into a result (P = 0 times NaN) fails.
  *
- *   build/tests/test_verify_attn_fast [--seed N] [--quick]     (KDT_SEED=N also replays)
+ *   build/tests/test_verify_attn_fast [--seed N] [--quick] [--variants 1,4,3,2,5,6,0]   (KDT_SEED=N replays)
  *
- * --quick runs three small cases (for compute-sanitizer). Without a device of compute
+ * --quick runs three small cases (for compute-sanitizer); --variants picks the variants to run,
+ * in order (0: the hook). A fault that loses the CUDA context ends the run with a FAIL line
+ * naming the variant and case, since nothing after it could run. Without a device of compute
  * capability 9.x it prints one SKIP line. Tolerances (issue 5): o relative L2 <= 1e-2 against
  * the f64 result of the same bf16 inputs, lse within 1e-3, NaN never passes. */
 #include <math.h>
@@ -112,7 +117,12 @@ void make_inputs(const Case &c, Inputs *in) {
         in->cap = p->L;
     }
     in->kv = (uint16_t *)malloc(in->kv_n * 2);
-    for (size_t i = 0; i < in->kv_n; i++) in->kv[i] = f2bf(rnd_unit());
+    for (size_t i = 0; i < in->kv_n; i++) in->kv[i] = 0xFFFF; /* NaN: rows that hold no key */
+    for (int b = 0; b < c.B; b++)
+        for (int j = 0; j < in->kv_len[b]; j++) {
+            const size_t row = c.BS > 0 ? (size_t)in->bt[(size_t)b * p->MB + j / c.BS] * c.BS + j % c.BS : (size_t)b * p->L + j;
+            for (int d = 0; d < kDqk; d++) in->kv[row * kDqk + d] = f2bf(rnd_unit());
+        }
     in->mask = (uint8_t *)calloc((size_t)c.B * c.Q * c.Q, 1);
     int *parent = (int *)malloc(sizeof(int) * c.Q);
     for (int b = 0; b < c.B; b++) {
@@ -288,7 +298,60 @@ int guards_intact(const unsigned char *buf, size_t bytes) {
     return 1;
 }
 
-const char *kVariantNames[KDT_VA_SM90_VARIANTS + 1] = {"hook", "mma", "wgmma", "wgmmaS+mmaPV", "mmaS+wgmmaPV"};
+/* Output o [B, Q, H, Dv] bf16 and lse [B, Q, H] against the reference rows: o relative L2,
+ * lse max abs error, rows that see no key exactly (o = 0, lse = -inf), and no NaN anywhere
+ * (the poison of an unwritten element). */
+struct Verdict {
+    int ok;
+    double rel_l2, row_rel_max, lse_err, worst; /* row_rel_max: worst relative L2 of one (row, head) */
+    size_t nonfinite, bad_empty, unwritten, worst_at;
+};
+
+Verdict judge(const Case &c, const Ref &ref, const uint16_t *o, const float *lse) {
+    Verdict v;
+    memset(&v, 0, sizeof v);
+    v.worst = -1;
+    double num = 0, den = 0;
+    const size_t rows = (size_t)c.B * c.Q * c.H;
+    for (int k = 0; k < ref.n_rows; k++)
+        for (int h = 0; h < c.H; h++) {
+            const size_t gr = ((size_t)ref.b[k] * c.Q + ref.i[k]) * c.H + h, rr = (size_t)k * c.H + h;
+            const double rl = ref.lse[rr], gl = lse[gr];
+            if (isinf(rl)) {
+                if (!(isinf(gl) && gl < 0)) v.bad_empty++;
+            } else if (!isfinite(gl)) {
+                v.nonfinite++;
+            } else if (fabs(gl - rl) > v.lse_err) {
+                v.lse_err = fabs(gl - rl);
+            }
+            double rn = 0, rd = 0;
+            for (int e = 0; e < kDv; e++) {
+                const double g = bf2d(o[gr * kDv + e]), r = ref.o[rr * kDv + e];
+                if (!isfinite(g)) {
+                    v.nonfinite++;
+                    continue;
+                }
+                if (isinf(rl) && g != 0) v.bad_empty++;
+                rn += (g - r) * (g - r), rd += r * r;
+                if (fabs(g - r) > v.worst) v.worst = fabs(g - r), v.worst_at = gr * kDv + e;
+            }
+            num += rn, den += rd;
+            if (rd > 0 && sqrt(rn / rd) > v.row_rel_max) v.row_rel_max = sqrt(rn / rd);
+        }
+    for (size_t k = 0; k < rows; k++) /* every output written, not only the reference rows */
+        if (isnan(lse[k])) v.unwritten++;
+    for (size_t k = 0; k < rows * kDv; k++)
+        if (isnan(bf2d(o[k]))) v.unwritten++;
+    v.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+    /* Issue 5's bound is on the whole tensor; the per-row bound (5x looser) keeps one wrong row
+     * from hiding among thousands. */
+    v.ok = v.nonfinite == 0 && v.bad_empty == 0 && v.unwritten == 0 && v.rel_l2 <= 1e-2 && v.row_rel_max <= 5e-2 &&
+           v.lse_err <= 1e-3;
+    return v;
+}
+
+const char *kVariantNames[KDT_VA_SM90_VARIANTS + 1] = {"hook", "mma", "wgmma", "wgmmaS+mmaPV", "mmaS+wgmmaPV", "pingpong",
+                                                      "wgmma-tma"};
 
 /* Runs one variant (0: the hook, kdt_verify_attn_sm90) and compares with the reference. */
 void run_variant(const Case &c, const Ref &ref, Dev *d, int variant, int no_pdl) {
@@ -315,9 +378,12 @@ void run_variant(const Case &c, const Ref &ref, Dev *d, int variant, int no_pdl)
         kt_fail("%s  status %s (%s), sync: %s, handled %d", what, kdt_status_name(s), s ? kdt_last_error() : "",
                 cudaGetErrorString(es), handled);
         (void)cudaGetLastError();
+        if (cudaDeviceSynchronize() != cudaSuccess) { /* a sticky fault: the context is gone */
+            kt_fail("%s  the CUDA context is lost; stopping (rerun with --variants to skip this variant)", what);
+            exit(kt_exit_code());
+        }
         return;
     }
-    const size_t rows = (size_t)c.B * c.Q * c.H;
     unsigned char *o_buf = (unsigned char *)malloc(d->o_bytes + 2 * kGuard);
     unsigned char *lse_buf = (unsigned char *)malloc(d->lse_bytes + 2 * kGuard);
     cudaMemcpy(o_buf, d->o_buf, d->o_bytes + 2 * kGuard, cudaMemcpyDeviceToHost);
@@ -326,48 +392,22 @@ void run_variant(const Case &c, const Ref &ref, Dev *d, int variant, int no_pdl)
     const float *lse = (const float *)(lse_buf + kGuard);
     const int guards = guards_intact(o_buf, d->o_bytes) && guards_intact(lse_buf, d->lse_bytes);
 
-    /* o: relative L2 over the reference rows; lse: max abs error; -inf rows exactly (o = 0). */
-    double num = 0, den = 0, lse_err = 0, worst = -1;
-    size_t nonfinite = 0, bad_empty = 0, unwritten = 0, worst_at = 0;
-    for (int k = 0; k < ref.n_rows; k++)
-        for (int h = 0; h < c.H; h++) {
-            const size_t gr = ((size_t)ref.b[k] * c.Q + ref.i[k]) * c.H + h, rr = (size_t)k * c.H + h;
-            const double rl = ref.lse[rr], gl = lse[gr];
-            if (isinf(rl)) {
-                if (!(isinf(gl) && gl < 0)) bad_empty++;
-            } else if (!isfinite(gl)) {
-                nonfinite++;
-            } else if (fabs(gl - rl) > lse_err) {
-                lse_err = fabs(gl - rl);
-            }
-            for (int e = 0; e < kDv; e++) {
-                const double g = bf2d(o[gr * kDv + e]), r = ref.o[rr * kDv + e];
-                if (!isfinite(g)) {
-                    nonfinite++;
-                    continue;
-                }
-                if (isinf(rl) && g != 0) bad_empty++;
-                num += (g - r) * (g - r), den += r * r;
-                if (fabs(g - r) > worst) worst = fabs(g - r), worst_at = gr * kDv + e;
-            }
-        }
-    for (size_t k = 0; k < rows; k++) /* every output written, not only the reference rows */
-        if (isnan(lse[k])) unwritten++;
-    for (size_t k = 0; k < rows * kDv; k++)
-        if (isnan(bf2d(o[k]))) unwritten++;
-    const double rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
-    const int ok = guards && nonfinite == 0 && bad_empty == 0 && unwritten == 0 && rel_l2 <= 1e-2 && lse_err <= 1e-3;
-    const size_t wr = worst_at / kDv;
+    const Verdict v = judge(c, ref, o, lse);
+    const int ok = guards && v.ok;
+    const size_t wr = v.worst_at / kDv;
     char where[160] = "";
-    if (worst >= 0)
-        snprintf(where, sizeof where, "worst |d|=%.3g at b=%zu i=%zu h=%zu dim=%zu", worst, wr / ((size_t)c.Q * c.H),
-                 wr / c.H % c.Q, wr % c.H, worst_at % kDv);
-    kt_check(ok, "%s  parts=%d m_tiles=%d pdl=%d ws=%.1fMB ref_rows=%d%s  rel_l2=%.2e lse_err=%.2e nonfinite=%zu unwritten=%zu "
-                 "empty_rows_bad=%zu guards=%s  %s  %.3f ms",
-             what, info.parts, info.m_tiles, info.pdl, info.workspace_bytes / 1e6, ref.n_rows, c.sample_rows ? "(sampled)" : "",
-             rel_l2, lse_err, nonfinite, unwritten, bad_empty, guards ? "ok" : "OVERWRITTEN", where, ms);
+    if (v.worst >= 0)
+        snprintf(where, sizeof where, "worst |d|=%.3g at b=%zu i=%zu h=%zu dim=%zu", v.worst, wr / ((size_t)c.Q * c.H),
+                 wr / c.H % c.Q, wr % c.H, v.worst_at % kDv);
+    kt_check(ok, "%s  ran=%d parts=%d m_tiles=%d pdl=%d ws=%.1fMB ref_rows=%d%s  rel_l2=%.2e row_rel_max=%.2e lse_err=%.2e nonfinite=%zu "
+                 "unwritten=%zu empty_rows_bad=%zu guards=%s  %s  %.3f ms",
+             what, info.variant, info.parts, info.m_tiles, info.pdl, info.workspace_bytes / 1e6, ref.n_rows,
+             c.sample_rows ? "(sampled)" : "",
+             v.rel_l2, v.row_rel_max, v.lse_err, v.nonfinite, v.unwritten, v.bad_empty, guards ? "ok" : "OVERWRITTEN", where, ms);
     free(o_buf), free(lse_buf);
 }
+
+int variants[8] = {1, 4, 3, 2, 5, 6, 0}, n_variants = 7; /* mma.sync first: the reference design */
 
 void run_case(const Case &c) {
     Inputs in;
@@ -376,9 +416,10 @@ void run_case(const Case &c) {
     memset(&ref, 0, sizeof ref);
     Dev d;
     if (make_ref(c, in, &ref) && to_device(in, &d)) {
-        for (int v = 1; v <= KDT_VA_SM90_VARIANTS; v++) run_variant(c, ref, &d, v, 0);
-        run_variant(c, ref, &d, 0, 0);
-        if (c.parts > 1) run_variant(c, ref, &d, 2, 1); /* the combine kernel without programmatic launch */
+        for (int k = 0; k < n_variants; k++) run_variant(c, ref, &d, variants[k], 0);
+        if (c.parts > 1) /* the combine kernel without programmatic launch */
+            for (int k = 0; k < n_variants; k++)
+                if (variants[k] == 2 || variants[k] >= 5) run_variant(c, ref, &d, variants[k], 1);
         free_device(&d);
     }
     free_ref(&ref);
@@ -409,6 +450,11 @@ int main(int argc, char **argv) {
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--quick")) quick = 1;
+        else if (!strcmp(argv[a], "--variants") && a + 1 < argc) {
+            n_variants = 0;
+            for (char *t = strtok(argv[++a], ","); t && n_variants < 8; t = strtok(NULL, ","))
+                if (atoi(t) >= 0 && atoi(t) <= KDT_VA_SM90_VARIANTS) variants[n_variants++] = atoi(t);
+        }
     }
     int n_dev = 0, major = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0 ||
@@ -419,8 +465,12 @@ int main(int argc, char **argv) {
     }
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
-    printf("verify_attn_fast: %s (sm_%d%d, %d SMs), seed %llu (--seed %llu replays)\n", prop.name, prop.major, prop.minor,
-           prop.multiProcessorCount, (unsigned long long)seed, (unsigned long long)seed);
+    const char *env_v = getenv("KDT_VA_SM90");
+    char hook_v[64];
+    if (env_v && *env_v) snprintf(hook_v, sizeof hook_v, "$KDT_VA_SM90=%s", env_v);
+    else snprintf(hook_v, sizeof hook_v, "%d (default)", KDT_VA_SM90_DEFAULT);
+    printf("verify_attn_fast: %s (sm_%d%d, %d SMs), seed %llu (--seed %llu replays); the hook runs variant %s\n", prop.name,
+           prop.major, prop.minor, prop.multiProcessorCount, (unsigned long long)seed, (unsigned long long)seed, hook_v);
     rng_state = seed;
     check_declines();
 
@@ -430,6 +480,7 @@ int main(int argc, char **argv) {
         {"small_paged64", 2, 16, 17, 60, 200, 64, 1.f, kimi, 1, 0, 0},
         {"no_prefix_fill", 3, 8, 9, 0, 1, 64, 1.f, kimi, 1, 0, 0},
         {"split_forced", 3, 16, 9, 100, 700, 64, 2.f, kimi, 1, 0, 5},
+        {"odd_tiles_bs16", 2, 64, 9, 100, 300, 16, 2.f, kimi, 1, 0, 3},
     };
     const Case cases[] = {
         {"seed_h16_p2048", 2, 16, 17, 2048, 2048, 64, 1.f, kimi, 0, 0, 0},
@@ -437,20 +488,25 @@ int main(int argc, char **argv) {
         {"no_prefix_fill", 3, 8, 9, 0, 1, 64, 1.f, kimi, 1, 0, 0},
         {"h128_ragged", 2, 128, 9, 1, 300, 64, 2.f, kimi, 1, 0, 0},
         {"q257_h8", 1, 8, 257, 0, 64, 64, 1.f, kimi, 0, 0, 0},
+        {"q257_h128_fill", 1, 128, 257, 0, 40, 64, 2.f, kimi, 1, 12, 0},
         {"q1_h16", 4, 16, 1, 1, 1000, 64, 3.f, kimi, 0, 0, 0},
         {"peaky_scale", 2, 16, 17, 100, 400, 64, 3.f, 0.3f, 1, 0, 0},
         {"paged_bs16", 3, 16, 9, 10, 500, 16, 1.f, kimi, 1, 0, 0},
         {"paged_bs128", 2, 8, 33, 10, 600, 128, 1.f, kimi, 1, 0, 0},
+        {"paged_bs8_no_tma", 2, 16, 9, 10, 300, 8, 1.f, kimi, 1, 0, 0}, /* variant 5 hands this to variant 2 */
+        {"paged_bs32_split", 3, 32, 17, 50, 900, 32, 2.f, kimi, 1, 0, 4},
+        {"one_tile_segments", 6, 16, 5, 0, 200, 64, 2.f, kimi, 1, 0, 13},
         {"contiguous", 3, 16, 17, 10, 600, 0, 1.f, kimi, 1, 0, 0},
         {"parts_1", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 1},
         {"parts_3", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 3},
         {"parts_7", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 7},
         {"parts_40", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 40},
-        {"long_h64_q33_p8192", 1, 64, 33, 8192, 8192, 64, 2.f, kimi, 0, 3, 0},
-        {"long_h16_q17_p8192_contig", 2, 16, 17, 8000, 8192, 0, 2.f, kimi, 1, 4, 0},
-        {"long_h8_q9_p16384", 4, 8, 9, 12000, 16384, 64, 2.f, kimi, 1, 4, 0},
-        {"bench_h64_q17_p4096", 16, 64, 17, 4096, 4096, 64, 2.f, kimi, 0, 3, 0},
-        {"bench_h64_q257_p8192", 1, 64, 257, 8192, 8192, 64, 2.f, kimi, 0, 2, 0},
+        {"parts_150_empty_parts", 5, 16, 9, 9, 300, 64, 2.f, kimi, 1, 0, 150}, /* more parts than work: some empty */
+        {"long_h64_q33_p8192", 1, 64, 33, 8192, 8192, 64, 2.f, kimi, 0, 8, 0},
+        {"long_h16_q17_p8192_contig", 2, 16, 17, 8000, 8192, 0, 2.f, kimi, 1, 8, 0},
+        {"long_h8_q9_p16384", 4, 8, 9, 12000, 16384, 64, 2.f, kimi, 1, 8, 0},
+        {"bench_h64_q17_p4096", 16, 64, 17, 4096, 4096, 64, 2.f, kimi, 0, 8, 0},
+        {"bench_h64_q257_p8192", 1, 64, 257, 8192, 8192, 64, 2.f, kimi, 0, 6, 0},
     };
     const Case *list = quick ? quick_cases : cases;
     const size_t n = quick ? sizeof quick_cases / sizeof *quick_cases : sizeof cases / sizeof *cases;

@@ -1,5 +1,5 @@
 /* Thin PTX wrappers for the Hopper kernels in this folder: cp.async, ldmatrix, mma.sync (sm_80+),
- * and wgmma with shared-memory matrix descriptors (sm_90a only).
+ * wgmma with shared-memory matrix descriptors (sm_90a only), mbarrier, TMA and named barriers.
  *
  * Shared-memory tile layout used with all of them (the 128-byte swizzle of wgmma / TMA):
  * a [rows, 64 * c] bf16 tile is c column blocks of [rows, 64]; in each block row r is 128 bytes
@@ -60,15 +60,27 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
  * byte offsets (each >> 4), layout type 1 (128B) in bits 62-63, base offset 0.
  *   K-major operand (rows of K contiguous): lbo unused (16), sbo = 1024 (next 8-row group).
  *   MN-major operand (rows of N contiguous): lbo = byte step to the next 64-wide column block,
- *   sbo = 1024 (next 8 rows of K). */
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
-           (1ull << 62);
+ *   sbo = 1024 (next 8 rows of K).
+ * Kept as two words for loops over one tile: desc_lo(addr, lbo) + off / 16 is the low word of the
+ * descriptor of addr + off (the 14-bit address field does not overflow below 256 KB of shared
+ * memory), so a k-step costs one add instead of rebuilding the descriptor. */
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr, uint32_t lbo) { return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16); }
+__device__ __forceinline__ uint64_t desc_from(uint32_t lo, uint32_t sbo) {
+    uint64_t d;
+    asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo), "r"((sbo >> 4) | (1u << 30)));
+    return d;
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+/* Waits until at most N of this warpgroup's committed wgmma groups are pending (groups complete
+ * in commit order). */
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 
 /* Pins accumulator registers in place around async wgmma: the compiler may not move their reads
  * or writes across this point (the wgmma asm statements alone do not order them). */
@@ -77,6 +89,46 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
+/* Same for A fragments in registers (wgmma reads them asynchronously). */
+template <int N, int M>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][M]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int j = 0; j < M; j++) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+/* ---- mbarrier, TMA and named barriers (sm_90) ---- */
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* Makes mbarrier.init visible to the async proxy (TMA completes transactions on the barriers). */
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+/* One arrival that also announces `bytes` of TMA transactions for the current phase. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* Blocks until the phase with the given parity (0 or 1) of the barrier has completed. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+/* 2-D TMA load of one box of the tensor map at element coordinates (x innermost, y) into shared
+ * memory; completes `bar`'s transactions with the box's byte count (out-of-range parts read 0). */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *tmap, int x, int y, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)tmap), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+/* Named barriers (id 1..15; 0 is __syncthreads): n threads, a multiple of 32, meet. arrive does
+ * not wait; its writes are visible to the threads that sync on the same barrier. */
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 #define KDT_F4(i) "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3])
 #define KDT_F16(i) KDT_F4(i), KDT_F4((i) + 4), KDT_F4((i) + 8), KDT_F4((i) + 12)

@@ -10,20 +10,27 @@
  *   hands P (bf16) and the row rescale to warpgroup 1 through shared memory; then both compute
  *   O += P V, V being the first 512 dims of the same tile: warpgroup 0 output dims 0..255 with P
  *   from registers, warpgroup 1 dims 256..511 with P from shared memory. Accumulation is f32.
- * - Key tiles are double-buffered with 16-byte cp.async, the next tile loading while this one
- *   computes. Tiles use the 128-byte swizzled layout (sm90_ptx.cuh), read by ldmatrix (mma.sync
- *   variants) and by wgmma descriptors alike.
+ * - Key tiles are double-buffered, the next tile loading while this one computes: by TMA in the
+ *   default variant 6 (9 boxes a tile, one thread, an mbarrier per buffer; block-table entries
+ *   read a tile ahead), by 16-byte cp.async from warpgroup 1 in variants 1..4 (any block size).
+ *   Tiles use the 128-byte swizzled layout (sm90_ptx.cuh), written by TMA and cp.async alike
+ *   and read by ldmatrix (mma.sync variants) and wgmma descriptors.
+ * - Keys past kv_len in a request's last tile: zero rows (cp.async), or zeroed in V after the
+ *   TMA load (variants 5, 6), so whatever the cache holds there (NaN included) adds 0.
  * - Split-KV: the grid is (row tiles, parts). The keys of all requests, each request's tiles plus
  *   a fixed overhead, are laid end to end and cut into `parts` equal ranges (by the real kv_len,
  *   read on the device); a CTA walks its range request by request (a "segment" each), so CTAs of
  *   one part read the same keys at the same time (L2 reuse). A request that falls in one part is
  *   written directly; one cut across parts writes normalized partials and their LSE, merged by the
- *   combine kernel. The host picks `parts` from the shape (choose_parts): 1 when the row tiles
- *   alone fill the device, no combine kernel and no workspace then.
- * - Variants (verify_attn_sm90.h): mma.sync or wgmma per product, chosen at launch.
+ *   combine kernel. The host picks `parts` from the shape (choose_parts, a cost model); with 1
+ *   (the row tiles alone fill the device) there is no combine kernel and no workspace.
+ * - Variants (verify_attn_sm90.h), chosen at launch: mma.sync or wgmma per product (1..4), the two
+ *   warpgroups in ping-pong (5), variant 2's schedule with TMA loads (6, the default).
  *
  * Safety without host checks: kv_len is clamped to [0, cache]; a key whose block-table entry is
  * outside [0, NB) reads as a zero row; mask reads stay inside the request's [Q, Q]. */
+#include <cuda.h>         /* CUtensorMap; the encoder is reached through the runtime (no -lcuda) */
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -62,6 +69,10 @@ constexpr uint32_t kSmemBytes = kOffSched + 128 + 1024; /* + alignment slack */
 static_assert(kBM * kStride * 4 <= 2 * kTileBytes, "f32 staging must fit the key buffers");
 
 struct Args {
+    CUtensorMap tm_q;           /* variant 5: q as [B * rows, 576]; boxes [64 rows, 64 dims], 128B swizzle */
+    CUtensorMap tm_kv;          /* variant 5: the cache as [kv_rows, 576]; boxes [kv_box rows, 64 dims] */
+    int kv_rows;                /* rows of tm_kv: a box starting here reads zeros */
+    int kv_box;                 /* rows per box: 64, or the block size when it is 16 or 32 */
     const bf16 *q;              /* [B, Q, H, 576] */
     const bf16 *kv;             /* paged [NB, BS, 576] or contiguous [B, L, 576] */
     const int32_t *block_table; /* [B, MB]; NULL when contiguous */
@@ -132,20 +143,21 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c) {
     return (uint32_t)(c >> 3) * kColBlock + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
 }
 
-/* Thread's share of one 576-wide row: 4 threads per row, 18 chunks each; src NULL: zeros. */
-__device__ __forceinline__ void load_row(uint32_t tile, int r, const bf16 *src, const void *valid) {
-    const int c0 = threadIdx.x & 3;
+/* One thread's share of a 576-wide row r: kPerRow threads per row, chunks sub, sub + kPerRow, ...;
+ * src NULL: zeros (valid: any readable address, not read). */
+template <int kPerRow>
+__device__ __forceinline__ void load_row(uint32_t tile, int r, int sub, const bf16 *src, const void *valid) {
 #pragma unroll
-    for (int i = 0; i < kChunks / 4; i++) {
-        const int c = c0 + 4 * i;
+    for (int i = 0; i < kChunks / kPerRow; i++) {
+        const int c = sub + kPerRow * i;
         cp_async16(tile + sw_off(r, c), src ? (const void *)(src + 8 * c) : valid, src ? 16 : 0);
     }
 }
 
-/* This thread's key row (tid / 4) of tile kt of request b (n keys), or NULL for a zero row: past n,
- * or in a block outside [0, NB). Computed a tile ahead so the block-table read is off the path. */
-__device__ __forceinline__ const bf16 *kv_row(const Args &a, int b, int n, int kt) {
-    const int j = kt * kBN + (threadIdx.x >> 2);
+/* Key row r of tile kt of request b (n keys), or NULL for a zero row: past n, or in a block
+ * outside [0, NB). */
+__device__ __forceinline__ const bf16 *kv_row(const Args &a, int b, int n, int kt, int r) {
+    const int j = kt * kBN + r;
     if (j >= n) return nullptr;
     if (!a.block_table) return a.kv + ((long long)b * a.L + j) * kDqk;
     const int blk = a.block_table[(long long)b * a.MB + j / a.BS];
@@ -175,11 +187,12 @@ __device__ __forceinline__ void scores_wgmma(float (&s)[32], uint32_t sq, uint32
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = 0.f;
     fence_regs(s);
+    const uint32_t lq = desc_lo(sq, 16), lk = desc_lo(sk, 16);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kDqk / 16; kk++) {
-        const uint32_t off = (uint32_t)(kk >> 2) * kColBlock + (uint32_t)(kk & 3) * 32;
-        wgmma_m64n64k16_ss(s, desc_sw128(sq + off, 16, 1024), desc_sw128(sk + off, 16, 1024));
+        const uint32_t off = ((uint32_t)(kk >> 2) * kColBlock + (uint32_t)(kk & 3) * 32) >> 4;
+        wgmma_m64n64k16_ss(s, desc_from(lq + off, 1024), desc_from(lk + off, 1024));
     }
     wgmma_commit();
     wgmma_wait0();
@@ -212,19 +225,19 @@ __device__ __forceinline__ void pv_mma(float (&o)[128], const uint32_t (&p)[4][4
 
 __device__ __forceinline__ void pv_wgmma(float (&o)[128], const uint32_t (&p)[4][4], uint32_t sp, uint32_t sk, int wg) {
     fence_regs(o);
-    wgmma_fence();
     /* V = dims [256 wg, 256 wg + 256) of the key tile: N-major, 64-dim column blocks kColBlock
      * apart (lbo), 8-key groups 1024 bytes apart (sbo); a k16 step is 16 keys = 2048 bytes. */
-    const uint32_t v0 = sk + (uint32_t)wg * 4 * kColBlock;
+    const uint32_t lv = desc_lo(sk + (uint32_t)wg * 4 * kColBlock, kColBlock), lp = desc_lo(sp, 16);
     if (wg == 0) {
+        wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; kk++) wgmma_m64n256k16_rs(o, p[kk], desc_sw128(v0 + kk * 2048, kColBlock, 1024));
+        for (int kk = 0; kk < kBN / 16; kk++) wgmma_m64n256k16_rs(o, p[kk], desc_from(lv + kk * 128, 1024));
         wgmma_commit();
         wgmma_wait0();
     } else {
+        wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; kk++)
-            wgmma_m64n256k16_ss(o, desc_sw128(sp + kk * 32, 16, 1024), desc_sw128(v0 + kk * 2048, kColBlock, 1024));
+        for (int kk = 0; kk < kBN / 16; kk++) wgmma_m64n256k16_ss(o, desc_from(lp + kk * 2, 1024), desc_from(lv + kk * 128, 1024));
         wgmma_commit();
         wgmma_wait0();
     }
@@ -239,20 +252,27 @@ struct RowState {
 
 /* Masks (if needed), scales to log2 units, updates the running max and sum of the thread's two
  * rows, returns their rescale factors and P as bf16 A fragments (p[kk] covers keys 16 kk ..). */
+/* S to log2 units and, on a tile that reaches past the prefix (masked), -inf for the keys the
+ * thread's rows do not see (tree mask, past kv_len). One branch around the whole mask, so the
+ * prefix tiles run none of it. */
+__device__ __forceinline__ void scale_mask(float (&s)[32], float scale_log2, bool masked, int key0, int n, int prefix,
+                                           const uint8_t *mrow0, const uint8_t *mrow1, int t4) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] *= scale_log2;
+    if (!masked) return;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int key = key0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+        const uint8_t *mrow = (i & 2) ? mrow1 : mrow0;
+        const bool seen = key < n && (key < prefix || mrow[key - prefix] != 0);
+        s[i] = seen ? s[i] : -INFINITY;
+    }
+}
+
 __device__ __forceinline__ void softmax_tile(float (&s)[32], RowState &st, float (&alpha)[2], uint32_t (&p)[4][4],
                                              float scale_log2, bool masked, int key0, int n, int prefix,
                                              const uint8_t *mrow0, const uint8_t *mrow1, int t4) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) {
-        float x = s[i] * scale_log2;
-        if (masked) {
-            const int key = key0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-            const uint8_t *mrow = (i & 2) ? mrow1 : mrow0;
-            const bool seen = key < n && (key < prefix || mrow[key - prefix] != 0);
-            x = seen ? x : -INFINITY;
-        }
-        s[i] = x;
-    }
+    scale_mask(s, scale_log2, masked, key0, n, prefix, mrow0, mrow1, t4);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float mx = -INFINITY;
@@ -282,6 +302,54 @@ __device__ __forceinline__ void softmax_tile(float (&s)[32], RowState &st, float
     }
 }
 
+/* ---- the end of a segment: O / l to o (bf16) or to the partials (f32, slot >= 0), and lse ---- */
+
+/* o: this thread's accumulator (the m64n256 layout of warpgroup tid / 128); l0, l1: the row sums of
+ * its rows r0, r1; l_row: the sum of row tid (tid < 64); s_m: the row maxima (log2 units). Stages
+ * through the key buffers, which must be free; ends with every thread's reads of them done. */
+__device__ __forceinline__ void write_tile(const Args &a, uint8_t *smem, const float (&o)[128], float l0, float l1,
+                                           float l_row, const float *s_m, int b, int m0, int rows_valid, int slot) {
+    const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128, t4 = lane & 3;
+    const int r0 = 16 * ((tid >> 5) & 3) + (lane >> 2), r1 = r0 + 8;
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f; /* no key seen: o = 0 */
+    const int d0 = 256 * wg + 2 * t4;
+    if (slot < 0) {
+        bf16 *stage = (bf16 *)(smem + kOffK);
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            *(__nv_bfloat162 *)(stage + r0 * kStride + d0 + 8 * j) = __floats2bfloat162_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+            *(__nv_bfloat162 *)(stage + r1 * kStride + d0 + 8 * j) =
+                __floats2bfloat162_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        }
+    } else {
+        float *stage = (float *)(smem + kOffK);
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            *(float2 *)(stage + r0 * kStride + d0 + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+            *(float2 *)(stage + r1 * kStride + d0 + 8 * j) = make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        }
+    }
+    __syncthreads();
+    const long long row0 = (slot < 0 ? (long long)b : (long long)slot) * a.rows + m0; /* first row of the tile in o / o_part */
+    if (slot < 0) {
+        const bf16 *stage = (const bf16 *)(smem + kOffK);
+        for (int i = tid; i < rows_valid * (kDv / 8); i += kThreads) {
+            const int r = i / (kDv / 8), c = i % (kDv / 8);
+            *(uint4 *)(a.o + (row0 + r) * kDv + 8 * c) = *(const uint4 *)(stage + r * kStride + 8 * c);
+        }
+    } else {
+        const float *stage = (const float *)(smem + kOffK);
+        for (int i = tid; i < rows_valid * (kDv / 4); i += kThreads) {
+            const int r = i / (kDv / 4), c = i % (kDv / 4);
+            *(float4 *)(a.o_part + (row0 + r) * kDv + 4 * c) = *(const float4 *)(stage + r * kStride + 4 * c);
+        }
+    }
+    if (tid < rows_valid) {
+        const float v = l_row > 0.f ? s_m[tid] * 0.69314718055994531f + logf(l_row) : -INFINITY;
+        (slot < 0 ? a.lse : a.lse_part)[row0 + tid] = v;
+    }
+}
+
 template <bool kWgS, bool kWgPV>
 __device__ __forceinline__ void run_segment(const Args &a, uint8_t *smem, uint32_t sbase, int b, int mt, int tb, int te,
                                             int slot) {
@@ -297,14 +365,16 @@ __device__ __forceinline__ void run_segment(const Args &a, uint8_t *smem, uint32
     const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP;
 
     __syncthreads(); /* the previous segment's staging has been read */
-    {
+    { /* Q and the first key tile: all threads, 4 per row */
         const int r = tid >> 2;
-        load_row(sq, r, r < rows_valid ? a.q + ((long long)b * a.rows + m0 + r) * kDqk : nullptr, a.q);
+        load_row<4>(sq, r, tid & 3, r < rows_valid ? a.q + ((long long)b * a.rows + m0 + r) * kDqk : nullptr, a.q);
+        load_row<4>(sbase + kOffK, r, tid & 3, kv_row(a, b, n, tb, r), a.kv);
+        cp_async_commit();
     }
-    cp_async_commit();
-    load_row(sbase + kOffK, tid >> 2, kv_row(a, b, n, tb), a.kv);
-    cp_async_commit();
-    const bf16 *next_row = kv_row(a, b, n, tb + 1);
+    /* Later key tiles are loaded by warpgroup 1 (2 threads per row), idle while warpgroup 0
+     * computes S; its row pointer is found a tile ahead, off the load's path. */
+    const int lr = (tid & 127) >> 1;
+    const bf16 *next_row = wg == 1 ? kv_row(a, b, n, tb + 1, lr) : nullptr;
 
     /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
     const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
@@ -320,10 +390,10 @@ __device__ __forceinline__ void run_segment(const Args &a, uint8_t *smem, uint32
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads(); /* tile kt landed for all; every thread is done with tile kt - 1 */
-        if (kt + 1 < te) {
-            load_row(sbase + kOffK + (uint32_t)((kt + 1 - tb) & 1) * kTileBytes, tid >> 2, next_row, a.kv);
+        if (kt + 1 < te && wg == 1) {
+            load_row<2>(sbase + kOffK + (uint32_t)((kt + 1 - tb) & 1) * kTileBytes, lr, tid & 1, next_row, a.kv);
             cp_async_commit();
-            next_row = kv_row(a, b, n, kt + 2);
+            next_row = kv_row(a, b, n, kt + 2, lr);
         }
         uint32_t p[4][4];
         float alpha[2];
@@ -373,55 +443,499 @@ __device__ __forceinline__ void run_segment(const Args &a, uint8_t *smem, uint32
         }
     }
     __syncthreads(); /* row sums are out; every thread's last P V is done, so the key buffers are free */
-    const float l0 = s_l[r0], l1 = s_l[r1];
-    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f; /* no key seen: o = 0 */
-    const int d0 = 256 * wg + 2 * t4;
-    if (slot < 0) {
-        bf16 *stage = (bf16 *)(smem + kOffK);
+    write_tile(a, smem, o, s_l[r0], s_l[r1], tid < kBM ? s_l[tid] : 0.f, s_m, b, m0, rows_valid, slot);
+}
+
+/* ---- variant 5: two warpgroups in ping-pong, TMA loads (the schedule of FlashMLA's sm90 kernel) ----
+ *
+ * Tiles tb, tb + 2, ... of a segment go to key buffer 0 and warpgroup 0, tiles tb + 1, tb + 3, ...
+ * to buffer 1 and warpgroup 1. Each warpgroup computes S for its own tile (so two independent
+ * wgmma chains share the tensor cores and one warpgroup's softmax runs under the other's wgmma)
+ * and keeps O for half of the output dims: warpgroup 0 dims 0..255, warpgroup 1 dims 256..511.
+ * Per pair of tiles (t0 in buffer 0, t1 in buffer 1), with one running max per row in shared
+ * memory:
+ *   wg0: softmax(S0): max m_a, rescale a0          wg1: (waits for m_a)
+ *        O_left += P0 V0_left (P0 in registers)         softmax(S1): max m_b, rescale a1
+ *        (waits for a1) P0 * a1 -> sP0                  O_right *= a0 a1; O_right += P1 V1_right
+ *        O_left *= a1; O_left += sP1 V1_left            sP1 <- P1; O_right += sP0 V0_right
+ *        S0 of tile t0 + 2                              S1 of tile t1 + 2
+ * Loads: TMA, one box per 64-dim column block (9 per tile) with an mbarrier each, issued as soon
+ * as the readers of that part of the buffer are done: buffer 0 blocks 0..3 after O_left's P0 V0,
+ * blocks 4..8 after O_right's P0 V0; buffer 1 blocks 4..7 after O_right's P1 V1, blocks 0..3
+ * and 8 after O_left's P1 V1. sP0 and sP1 live in block 8 (the rope dims, read only by S) of
+ * their tile's buffer. Keys past kv_len in a request's last tile are zeroed in V after S, so
+ * whatever the cache holds there (NaN included) meets P = 0 as 0. */
+
+constexpr uint32_t kPOffM = 3 * kTileBytes;     /* float[64]: running row max (log2 units) */
+constexpr uint32_t kPOffSc0 = kPOffM + 256;     /* float[64]: warpgroup 0's last rescale (a0) */
+constexpr uint32_t kPOffSc1 = kPOffSc0 + 256;   /* float[64]: warpgroup 1's last rescale (a1) */
+constexpr uint32_t kPOffL = kPOffSc1 + 256;     /* float[2][64]: row sums per warpgroup */
+constexpr uint32_t kPOffSched = kPOffL + 512;   /* long long[8] + long long + int */
+constexpr uint32_t kPOffBar = kPOffSched + 128; /* mbarriers: Q, then 9 per key buffer */
+constexpr uint32_t kSmemPP = kPOffBar + 19 * 8 + 1024;
+enum { kBarScale0 = 1, kBarScale1, kBarP0, kBarP1, kBarWg0 /* + warpgroup */ };
+
+/* The block-table entries of the 64 / kv_box boxes of key tile kt of request b (n keys); -1 for
+ * a box past n or a contiguous cache. Read a while before tile_rows uses them: nothing here
+ * waits for the loads. */
+__device__ __forceinline__ void tile_blocks(const Args &a, int b, int n, int kt, int (&e)[4]) {
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            *(__nv_bfloat162 *)(stage + r0 * kStride + d0 + 8 * j) = __floats2bfloat162_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-            *(__nv_bfloat162 *)(stage + r1 * kStride + d0 + 8 * j) =
-                __floats2bfloat162_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
-        }
-    } else {
-        float *stage = (float *)(smem + kOffK);
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            *(float2 *)(stage + r0 * kStride + d0 + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-            *(float2 *)(stage + r1 * kStride + d0 + 8 * j) = make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
-        }
-    }
-    __syncthreads();
-    const long long row0 = (slot < 0 ? (long long)b : (long long)slot) * a.rows + m0; /* first row of the tile in o / o_part */
-    if (slot < 0) {
-        const bf16 *stage = (const bf16 *)(smem + kOffK);
-        for (int i = tid; i < rows_valid * (kDv / 8); i += kThreads) {
-            const int r = i / (kDv / 8), c = i % (kDv / 8);
-            *(uint4 *)(a.o + (row0 + r) * kDv + 8 * c) = *(const uint4 *)(stage + r * kStride + 8 * c);
-        }
-    } else {
-        const float *stage = (const float *)(smem + kOffK);
-        for (int i = tid; i < rows_valid * (kDv / 4); i += kThreads) {
-            const int r = i / (kDv / 4), c = i % (kDv / 4);
-            *(float4 *)(a.o_part + (row0 + r) * kDv + 4 * c) = *(const float4 *)(stage + r * kStride + 4 * c);
-        }
-    }
-    if (tid < rows_valid) {
-        const float l = s_l[tid];
-        const float v = l > 0.f ? s_m[tid] * 0.69314718055994531f + logf(l) : -INFINITY;
-        (slot < 0 ? a.lse : a.lse_part)[row0 + tid] = v;
+    for (int k = 0; k < 4; k++) {
+        const int j = kt * kBN + k * a.kv_box;
+        e[k] = a.block_table && k * a.kv_box < kBN && j < n ? a.block_table[(long long)b * a.MB + j / a.BS] : -1;
     }
 }
 
-template <bool kWgS, bool kWgPV>
+/* Row coordinates in tm_kv of those boxes; a box past n, or in a block outside [0, NB), gets
+ * kv_rows (out of the map: it reads zeros). */
+__device__ __forceinline__ void tile_rows(const Args &a, int b, int n, int kt, const int (&e)[4], int (&y)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int j = kt * kBN + k * a.kv_box;
+        int v = a.kv_rows;
+        if (k * a.kv_box < kBN && j < n) {
+            if (!a.block_table) v = (int)((long long)b * a.L + j); /* the host checked B L < 2^31 */
+            else if (e[k] >= 0 && e[k] < a.NB) v = e[k] * a.BS + j % a.BS;
+        }
+        y[k] = v;
+    }
+}
+
+/* TMA loads of column blocks [c0, c1) of key tile kt (block-table entries e) into buffer buf;
+ * one thread. */
+__device__ __forceinline__ void load_blocks(const Args &a, int b, int n, int kt, const int (&e)[4], uint32_t buf, uint32_t bars,
+                                            int c0, int c1) {
+    int y[4];
+    tile_rows(a, b, n, kt, e, y);
+    for (int c = c0; c < c1; c++) {
+        mbar_arrive_expect_tx(bars + 8 * c, kColBlock);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (k * a.kv_box < kBN)
+                tma_load_2d(buf + c * kColBlock + k * a.kv_box * 128, &a.tm_kv, 64 * c, y[k], bars + 8 * c);
+    }
+}
+
+/* S += Q K^T over the column blocks kFirst .. kLast - 1 of an order (kWg1Order: 4..7, 0..3, 8,
+ * the order buffer 1's blocks arrive in; else 0..8), each after its load landed; one commit
+ * group per block. */
+template <int kFirst, int kLast, bool kWg1Order>
+__device__ __forceinline__ void scores_blocks(float (&s)[32], uint32_t sq, uint32_t sk, uint32_t bars, uint32_t parity) {
+    const uint32_t lq = desc_lo(sq, 16), lk = desc_lo(sk, 16);
+#pragma unroll
+    for (int i = kFirst; i < kLast; i++) {
+        const int c = kWg1Order ? (i < 4 ? i + 4 : i < 8 ? i - 4 : 8) : i;
+        mbar_wait(bars + 8 * c, parity);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t off = ((uint32_t)c * kColBlock + (uint32_t)k * 32) >> 4;
+            wgmma_m64n64k16_ss(s, desc_from(lq + off, 1024), desc_from(lk + off, 1024));
+        }
+        wgmma_commit();
+    }
+}
+
+__device__ __forceinline__ void zero_s(float (&s)[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = 0.f;
+    fence_regs(s);
+}
+
+/* O += P V over a tile's 64 keys; V: the 256 dims from v0 (4 column blocks, N-major). P from
+ * registers (rs) or from a swizzled [64 rows, 64 keys] bf16 tile at sp (ss). One commit group. */
+__device__ __forceinline__ void pv_rs(float (&o)[128], uint32_t (&p)[4][4], uint32_t v0) {
+    fence_regs(o);
+    fence_regs(p);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; kk++) wgmma_m64n256k16_rs(o, p[kk], desc_from(desc_lo(v0, kColBlock) + kk * 128, 1024));
+    wgmma_commit();
+}
+__device__ __forceinline__ void pv_ss(float (&o)[128], uint32_t sp, uint32_t v0) {
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; kk++)
+        wgmma_m64n256k16_ss(o, desc_from(desc_lo(sp, 16) + kk * 2, 1024), desc_from(desc_lo(v0, kColBlock) + kk * 128, 1024));
+    wgmma_commit();
+}
+
+/* P (bf16 A fragments) to a swizzled [64 rows, 64 keys] tile; generic stores. */
+__device__ __forceinline__ void store_p(uint8_t *tile, const uint32_t (&p)[4][4], int r0, int r1, int t4) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        *(uint32_t *)(tile + r0 * 128 + ((j ^ (r0 & 7)) << 4) + t4 * 4) = p[j >> 1][(j & 1) * 2];
+        *(uint32_t *)(tile + r1 * 128 + ((j ^ (r1 & 7)) << 4) + t4 * 4) = p[j >> 1][(j & 1) * 2 + 1];
+    }
+}
+
+/* P (f32, the m64n64 accumulator layout) times the rows' factors c0 (row r0), c1 (row r1) to bf16. */
+__device__ __forceinline__ void pack_p(const float (&s)[32], float c0, float c1, uint32_t (&p)[4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        p[kk][0] = pack_bf16(s[8 * kk + 0] * c0, s[8 * kk + 1] * c0);
+        p[kk][1] = pack_bf16(s[8 * kk + 2] * c1, s[8 * kk + 3] * c1);
+        p[kk][2] = pack_bf16(s[8 * kk + 4] * c0, s[8 * kk + 5] * c0);
+        p[kk][3] = pack_bf16(s[8 * kk + 6] * c1, s[8 * kk + 7] * c1);
+    }
+}
+
+/* Zeroes key rows [z0, 64) of V (column blocks 0..7) of a tile; i: the thread's index in its
+ * warpgroup. Generic stores: the caller fences them for the async proxy. */
+__device__ __forceinline__ void zero_v_rows(uint8_t *tile, int z0, int i) {
+    for (int k = i; k < (kBN - z0) * 64; k += 128) {
+        const int r = z0 + (k >> 6), c = k & 63; /* 64 chunks of 16 bytes per row over blocks 0..7 */
+        *(uint4 *)(tile + (c >> 3) * kColBlock + r * 128 + (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* Softmax step of one warpgroup's tile against the shared running max s_m: masks (if needed),
+ * scales to log2 units, moves s_m to the new max, leaves P = 2^(x - max) in s (f32) and p (bf16),
+ * its rescale of the old max in s_sc_mine, and rescales o and l: by that factor (warpgroup 0), or
+ * by it times the other warpgroup's s_sc_other (warpgroup 1, whose O last moved before the other's
+ * step). present = false: no tile (P = 0, the max stays). */
+template <bool kSecond>
+__device__ __forceinline__ void pp_softmax(float (&s)[32], bool present, bool masked, int key0, int n, int prefix,
+                                           const uint8_t *mrow0, const uint8_t *mrow1, int r0, int r1, int t4,
+                                           float scale_log2, float *s_m, float *s_sc_mine, const float *s_sc_other,
+                                           float (&o)[128], float (&l)[2], uint32_t (&p)[4][4]) {
+    scale_mask(s, scale_log2, masked, key0, n, prefix, mrow0, mrow1, t4);
+    if (!present) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = -INFINITY;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = h ? r1 : r0;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_old = s_m[r];
+        const float m_new = fmaxf(m_old, mx);
+        const float base = m_new == -INFINITY ? 0.f : m_new; /* no key seen yet: P = 0, nothing to rescale */
+        const float alpha = ex2(m_old - base);
+        __syncwarp(); /* the quad has read s_m[r] */
+        if (t4 == 0) {
+            s_m[r] = m_new;
+            s_sc_mine[r] = alpha;
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            s[4 * j + 2 * h] = ex2(s[4 * j + 2 * h] - base);
+            s[4 * j + 2 * h + 1] = ex2(s[4 * j + 2 * h + 1] - base);
+            sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+        }
+        const float os = kSecond ? alpha * s_sc_other[r] : alpha;
+        l[h] = l[h] * os + sum;
+        if (os != 1.f) {
+#pragma unroll
+            for (int j = 0; j < 32; j++) o[4 * j + 2 * h] *= os, o[4 * j + 2 * h + 1] *= os;
+        }
+    }
+    pack_p(s, 1.f, 1.f, p);
+}
+
+/* One segment (see run_segment). q_phase, k_phase: parities of the Q barrier and of this thread's
+ * warpgroup's key buffer, carried across segments. */
+__device__ __forceinline__ void run_segment_pp(const Args &a, uint8_t *smem, uint32_t sbase, int b, int mt, int tb, int te,
+                                               int slot, uint32_t &q_phase, uint32_t &k_phase) {
+    const int tid = threadIdx.x, lane = tid & 31, w4 = (tid >> 5) & 3;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0); /* provably warp-uniform (see run_segment) */
+    const int g = lane >> 2, t4 = lane & 3, wi = tid & 127;
+    const int m0 = mt * kBM, rows_valid = min(kBM, a.rows - m0);
+    const int n = req_keys(a, b), prefix = n - a.Q;
+    const int r0 = 16 * w4 + g, r1 = r0 + 8;
+    float *s_m = (float *)(smem + kPOffM), *s_sc0 = (float *)(smem + kPOffSc0), *s_sc1 = (float *)(smem + kPOffSc1);
+    float *s_l = (float *)(smem + kPOffL);
+    const uint32_t sq = sbase, buf0 = sbase + kOffK, buf1 = buf0 + kTileBytes;
+    const uint32_t bar_q = sbase + kPOffBar, bars0 = bar_q + 8, bars1 = bars0 + 72;
+    uint8_t *tile0 = smem + kOffK, *tile1 = tile0 + kTileBytes;
+
+    fence_proxy_async(); /* this thread's generic accesses to the buffers (last staging) before the TMA below */
+    __syncthreads();
+    if (tid == 0) {
+        mbar_arrive_expect_tx(bar_q, kTileBytes);
+        for (int c = 0; c < kDqk / 64; c++) tma_load_2d(sq + c * kColBlock, &a.tm_q, 64 * c, b * a.rows + m0, bar_q);
+        int e[4];
+        tile_blocks(a, b, n, tb, e);
+        load_blocks(a, b, n, tb, e, buf0, bars0, 0, 9);
+        if (tb + 1 < te) {
+            tile_blocks(a, b, n, tb + 1, e);
+            load_blocks(a, b, n, tb + 1, e, buf1, bars1, 0, 9);
+        }
+    }
+    if (tid < kBM) s_m[tid] = -INFINITY;
+    /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
+    const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
+    const uint8_t *mrow1 = a.tree_mask + ((long long)b * a.Q + min((m0 + r1) / a.H, a.Q - 1)) * a.Q;
+    float o[128], s[32], l[2] = {0.f, 0.f};
+    uint32_t p[4][4];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.f;
+    __syncthreads(); /* s_m is initialized */
+    mbar_wait(bar_q, q_phase);
+    q_phase ^= 1;
+
+    if (wg == 0) {
+        zero_s(s);
+        scores_blocks<0, 9, false>(s, sq, buf0, bars0, k_phase);
+        wgmma_wait<0>();
+        fence_regs(s);
+        k_phase ^= 1;
+        for (int t0 = tb; t0 < te; t0 += 2) {
+            const bool has1 = t0 + 1 < te, next0 = t0 + 2 < te, next1 = t0 + 3 < te;
+            int e0[4], e1[4]; /* block-table entries of the next tiles (thread 0 issues their loads) */
+            if (tid == 0) {
+                tile_blocks(a, b, n, next0 ? t0 + 2 : t0, e0);
+                tile_blocks(a, b, n, next1 ? t0 + 3 : t0, e1);
+            }
+            pp_softmax<false>(s, true, (t0 + 1) * kBN > prefix, t0 * kBN, n, prefix, mrow0, mrow1, r0, r1, t4, a.scale_log2,
+                              s_m, s_sc0, nullptr, o, l, p);
+            if ((t0 + 1) * kBN > n) { /* the request's last tile: keys past kv_len */
+                zero_v_rows(tile0, max(n - t0 * kBN, 0), wi);
+                fence_proxy_async();
+                bar_sync(kBarWg0, 128);
+            }
+            bar_arrive(kBarScale0, 256);
+            pv_rs(o, p, buf0); /* O_left += P0 V0_left */
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_regs(p);
+            bar_sync(kBarScale1, 256); /* warpgroup 1 has moved the max to m_b: a1 is out */
+            if (tid == 0 && next0) load_blocks(a, b, n, t0 + 2, e0, buf0, bars0, 0, 4);
+            const float c0 = s_sc1[r0], c1 = s_sc1[r1];
+            pack_p(s, c0, c1, p);
+            store_p(tile0 + 8 * kColBlock, p, r0, r1, t4);
+            fence_proxy_async(); /* sP0 is read by warpgroup 1's wgmma */
+            bar_arrive(kBarP0, 256);
+            l[0] *= c0, l[1] *= c1;
+            if (c0 != 1.f || c1 != 1.f) {
+#pragma unroll
+                for (int j = 0; j < 32; j++) o[4 * j] *= c0, o[4 * j + 1] *= c0, o[4 * j + 2] *= c1, o[4 * j + 3] *= c1;
+            }
+            if (has1) {
+                bar_sync(kBarP1, 256); /* sP1 is written and V1 is zeroed past kv_len */
+                pv_ss(o, buf1 + 8 * kColBlock, buf1); /* O_left += P1 V1_left */
+            }
+            if (next0) {
+                zero_s(s);
+                scores_blocks<0, 4, false>(s, sq, buf0, bars0, k_phase);
+            }
+            if (next1) {
+                wgmma_wait<4>(); /* O_left's P1 V1 is done: buffer 1 blocks 0..3 and sP1 (block 8) are free */
+                if (tid == 0) {
+                    load_blocks(a, b, n, t0 + 3, e1, buf1, bars1, 0, 4);
+                    load_blocks(a, b, n, t0 + 3, e1, buf1, bars1, 8, 9);
+                }
+            }
+            if (next0) {
+                scores_blocks<4, 9, false>(s, sq, buf0, bars0, k_phase);
+                k_phase ^= 1;
+            }
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_regs(s);
+        }
+    } else {
+        if (tb + 1 < te) {
+            zero_s(s);
+            scores_blocks<0, 9, true>(s, sq, buf1, bars1, k_phase);
+            k_phase ^= 1;
+        }
+        wgmma_wait<0>();
+        fence_regs(s);
+        for (int t0 = tb; t0 < te; t0 += 2) {
+            const int t1 = t0 + 1;
+            const bool has1 = t1 < te, next0 = t0 + 2 < te, next1 = t1 + 2 < te;
+            int e0[4], e1[4];
+            if (tid == 128) {
+                tile_blocks(a, b, n, next0 ? t0 + 2 : t0, e0);
+                tile_blocks(a, b, n, next1 ? t1 + 2 : t0, e1);
+            }
+            bar_sync(kBarScale0, 256); /* warpgroup 0 has moved the max to m_a: a0 is out */
+            pp_softmax<true>(s, has1, (t1 + 1) * kBN > prefix, t1 * kBN, n, prefix, mrow0, mrow1, r0, r1, t4, a.scale_log2,
+                             s_m, s_sc1, s_sc0, o, l, p);
+            if (has1 && (t1 + 1) * kBN > n) {
+                zero_v_rows(tile1, max(n - t1 * kBN, 0), wi);
+                fence_proxy_async();
+                bar_sync(kBarWg0 + 1, 128);
+            }
+            bar_arrive(kBarScale1, 256);
+            if (has1) {
+                store_p(tile1 + 8 * kColBlock, p, r0, r1, t4);
+                pv_rs(o, p, buf1 + 4 * kColBlock); /* O_right += P1 V1_right */
+                fence_proxy_async();               /* sP1 is read by warpgroup 0's wgmma */
+            }
+            bar_sync(kBarP0, 256);
+            pv_ss(o, buf0 + 8 * kColBlock, buf0 + 4 * kColBlock); /* O_right += P0 V0_right */
+            if (has1) bar_arrive(kBarP1, 256);
+            if (next1) {
+                wgmma_wait<1>(); /* P1 V1_right is done: buffer 1 blocks 4..7 are free */
+                if (tid == 128) load_blocks(a, b, n, t1 + 2, e1, buf1, bars1, 4, 8);
+            }
+            if (next0) {
+                wgmma_wait<0>(); /* P0 V0_right is done: buffer 0 blocks 4..8 (sP0) are free */
+                if (tid == 128) load_blocks(a, b, n, t0 + 2, e0, buf0, bars0, 4, 9);
+            }
+            if (next1) {
+                zero_s(s);
+                scores_blocks<0, 9, true>(s, sq, buf1, bars1, k_phase);
+                k_phase ^= 1;
+            }
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_regs(s);
+            fence_regs(p);
+        }
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    if (t4 == 0) s_l[wg * kBM + r0] = l[0], s_l[wg * kBM + r1] = l[1];
+    __syncthreads(); /* row sums are out; all wgmma and loads of the segment are done */
+    write_tile(a, smem, o, s_l[r0] + s_l[kBM + r0], s_l[r1] + s_l[kBM + r1], tid < kBM ? s_l[tid] + s_l[kBM + tid] : 0.f,
+               s_m, b, m0, rows_valid, slot);
+}
+
+/* ---- variant 6: variant 2's schedule, loads by TMA ----
+ *
+ * As run_segment (warpgroup 0 computes S and the softmax, both warpgroups P V), but a key tile
+ * is 9 TMA boxes (64 / kv_box each) issued by one thread of warpgroup 1 on one mbarrier per
+ * buffer, its block-table entries read a tile earlier, so warpgroup 1 no longer spends the S
+ * phase issuing 4608 cp.async and waiting on a block-table read. Q comes by TMA too. Keys past
+ * kv_len in a request's last tile are zeroed in V by warpgroup 1 while warpgroup 0 computes S
+ * (S only uses them under the mask). */
+
+constexpr uint32_t kOffBarT = kOffSched + 128; /* mbarriers: Q, buffer 0, buffer 1 */
+constexpr uint32_t kSmemT = kOffBarT + 3 * 8 + 1024;
+
+/* One key tile (block-table entries e) into buffer buf on barrier bar; one thread. */
+__device__ __forceinline__ void load_tile(const Args &a, int b, int n, int kt, const int (&e)[4], uint32_t buf, uint32_t bar) {
+    int y[4];
+    tile_rows(a, b, n, kt, e, y);
+    mbar_arrive_expect_tx(bar, kTileBytes);
+    for (int c = 0; c < kDqk / 64; c++)
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (k * a.kv_box < kBN) tma_load_2d(buf + c * kColBlock + k * a.kv_box * 128, &a.tm_kv, 64 * c, y[k], bar);
+}
+
+/* One segment (see run_segment). q_phase: parity of the Q barrier; k_phase: bit j, of buffer j. */
+__device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, uint32_t sbase, int b, int mt, int tb, int te,
+                                                int slot, uint32_t &q_phase, uint32_t &k_phase) {
+    const int tid = threadIdx.x, lane = tid & 31, w4 = (tid >> 5) & 3;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0); /* provably warp-uniform (see run_segment) */
+    const int g = lane >> 2, t4 = lane & 3;
+    const int m0 = mt * kBM, rows_valid = min(kBM, a.rows - m0);
+    const int n = req_keys(a, b), prefix = n - a.Q;
+    const int r0 = 16 * w4 + g, r1 = r0 + 8;
+    float *s_scale = (float *)(smem + kOffScale), *s_m = (float *)(smem + kOffM), *s_l = (float *)(smem + kOffL);
+    const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP, buf0 = sbase + kOffK;
+    const uint32_t bar_q = sbase + kOffBarT, bar0 = bar_q + 8;
+
+    fence_proxy_async(); /* this thread's generic accesses to the buffers (last staging) before the TMA below */
+    __syncthreads();
+    if (tid == 0) {
+        mbar_arrive_expect_tx(bar_q, kTileBytes);
+        for (int c = 0; c < kDqk / 64; c++) tma_load_2d(sq + c * kColBlock, &a.tm_q, 64 * c, b * a.rows + m0, bar_q);
+        int e[4];
+        tile_blocks(a, b, n, tb, e);
+        load_tile(a, b, n, tb, e, buf0, bar0);
+    }
+    int e_next[4]; /* thread 128: block-table entries of the next tile to load */
+    if (tid == 128) tile_blocks(a, b, n, tb + 1 < te ? tb + 1 : tb, e_next);
+
+    /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
+    const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
+    const uint8_t *mrow1 = a.tree_mask + ((long long)b * a.Q + min((m0 + r1) / a.H, a.Q - 1)) * a.Q;
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.f;
+    RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+    mbar_wait(bar_q, q_phase);
+    q_phase ^= 1;
+
+    for (int kt = tb; kt < te; kt++) {
+        const uint32_t j = (uint32_t)(kt - tb) & 1, sk = buf0 + j * kTileBytes;
+        mbar_wait(bar0 + 8 * j, (k_phase >> j) & 1);
+        k_phase ^= 1u << j;
+        __syncthreads(); /* every thread is done with tile kt - 1: its buffer takes tile kt + 1 */
+        if (tid == 128 && kt + 1 < te) {
+            load_tile(a, b, n, kt + 1, e_next, buf0 + (j ^ 1) * kTileBytes, bar0 + 8 * (j ^ 1));
+            tile_blocks(a, b, n, kt + 2 < te ? kt + 2 : kt, e_next);
+        }
+        uint32_t p[4][4];
+        float alpha[2];
+        if (wg == 0) {
+            float s[32];
+            scores_wgmma(s, sq, sk);
+            softmax_tile(s, st, alpha, p, a.scale_log2, (kt + 1) * kBN > prefix, kt * kBN, n, prefix, mrow0, mrow1, t4);
+            store_p(smem + kOffP, p, r0, r1, t4);
+            if (t4 == 0) {
+                s_scale[r0] = alpha[0];
+                s_scale[r1] = alpha[1];
+            }
+            fence_proxy_async(); /* P is read by warpgroup 1's wgmma */
+        } else if ((kt + 1) * kBN > n) { /* the request's last tile: keys past kv_len */
+            zero_v_rows(smem + kOffK + j * kTileBytes, max(n - kt * kBN, 0), tid & 127);
+            fence_proxy_async();
+        }
+        __syncthreads(); /* P, the rescale and the zeroed keys are in shared memory */
+        if (wg == 1) {
+            alpha[0] = s_scale[r0];
+            alpha[1] = s_scale[r1];
+        }
+        if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                o[4 * i] *= alpha[0];
+                o[4 * i + 1] *= alpha[0];
+                o[4 * i + 2] *= alpha[1];
+                o[4 * i + 3] *= alpha[1];
+            }
+        }
+        pv_wgmma(o, p, sp, sk, wg);
+    }
+
+    if (wg == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
+        }
+        if (t4 == 0) {
+            s_m[r0] = st.m[0], s_l[r0] = st.l[0];
+            s_m[r1] = st.m[1], s_l[r1] = st.l[1];
+        }
+    }
+    __syncthreads(); /* row sums are out; every thread's last P V is done, so the key buffers are free */
+    write_tile(a, smem, o, s_l[r0], s_l[r1], tid < kBM ? s_l[tid] : 0.f, s_m, b, m0, rows_valid, slot);
+}
+
+/* Variant kV (verify_attn_sm90.h): run_segment with mma.sync or wgmma per product (1..4),
+ * run_segment_pp (5), run_segment_tma (6). */
+template <int kV>
 __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_constant__ Args a) {
+    constexpr bool kWgS = kV == 2 || kV == 3, kWgPV = kV == 2 || kV == 4;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     const uint32_t sbase = smem_u32(smem);
-    long long *warp_sums = (long long *)(smem + kOffSched);
+    long long *warp_sums = (long long *)(smem + (kV == 5 ? kPOffSched : kOffSched));
     long long *found_w = warp_sums + 8;
     int *found_b = (int *)(found_w + 1);
+    uint32_t q_phase = 0, k_phase = 0; /* variants 5 and 6: barrier parities */
+    if (kV >= 5 && threadIdx.x == 0) { /* used after the segment's first __syncthreads */
+        const int nbar = kV == 5 ? 19 : 3;
+        for (int i = 0; i < nbar; i++) mbar_init(sbase + (kV == 5 ? kPOffBar : kOffBarT) + 8 * i, 1);
+        fence_mbar_init();
+    }
     /* Let the combine kernel (programmatic dependent launch) start as soon as every CTA runs. */
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
@@ -463,7 +977,9 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
                 const int p0 = part_of(W, P, first), p1 = part_of(W, P, first + nt - 1);
                 if (p0 != p1) slot = part == p0 ? 2 * part + 1 : 2 * part;
             }
-            run_segment<kWgS, kWgPV>(a, smem, sbase, b, mt, (int)tb, (int)te, slot);
+            if constexpr (kV == 5) run_segment_pp(a, smem, sbase, b, mt, (int)tb, (int)te, slot, q_phase, k_phase);
+            else if constexpr (kV == 6) run_segment_tma(a, smem, sbase, b, mt, (int)tb, (int)te, slot, q_phase, k_phase);
+            else run_segment<kWgS, kWgPV>(a, smem, sbase, b, mt, (int)tb, (int)te, slot);
         }
         wb += nt + kOverhead;
     }
@@ -520,24 +1036,24 @@ __global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constan
 /* ---- host ---- */
 
 typedef void (*kernel_fn)(Args);
-const kernel_fn kKernels[KDT_VA_SM90_VARIANTS] = {va_sm90_kernel<false, false>, va_sm90_kernel<true, true>,
-                                                  va_sm90_kernel<true, false>, va_sm90_kernel<false, true>};
+const kernel_fn kKernels[KDT_VA_SM90_VARIANTS] = {va_sm90_kernel<1>, va_sm90_kernel<2>, va_sm90_kernel<3>, va_sm90_kernel<4>,
+                                                  va_sm90_kernel<5>, va_sm90_kernel<6>};
 
 /* Scheduler constants: a key tile's time, the combine kernel's fixed cost, and the rate at which
  * partials are written and read back (mostly L2). Only their ratios matter. */
 constexpr double kTileUs = 2.0, kCombineUs = 3.0, kPartialBytesPerUs = 5e6;
 
-/* Parts per row tile: the one-wave split (m_tiles * parts <= SMs) with the least estimated time,
- * counting the longest part's tiles and the partials' traffic; 1 when the row tiles alone fill
- * the device. nt: key tiles per request as the host sees it (the cache's capacity). */
+/* Parts per row tile: the split with the least estimated time, counting waves of CTAs (one CTA
+ * per SM), the longest part's tiles and the partials' traffic; up to 4 waves. nt: key tiles per
+ * request as the host sees it (the cache's capacity). */
 int choose_parts(int B, int m_tiles, long long nt, int sms, int rows) {
-    if (m_tiles * 2 > sms) return 1;
     int best = 1;
     double best_us = 0;
-    for (int P = 1; P <= sms / m_tiles && P <= 65535; P++) {
-        double us = ((double)B * (double)(nt + kOverhead) / P + kOverhead) * kTileUs;
+    for (int P = 1; P <= 65535 && (P == 1 || (long long)m_tiles * P <= 4LL * sms); P++) {
+        const double waves = (double)(((long long)m_tiles * P + sms - 1) / sms);
+        double us = waves * ((double)B * (double)(nt + kOverhead) / P + kOverhead) * kTileUs;
         if (P > 1) us += kCombineUs + 2.0 * (P - 1) * rows * (kDv + 1) * 4.0 * 2.0 / kPartialBytesPerUs;
-        if (P == 1 || us < best_us) best = P, best_us = us;
+        if (P == 1 || us < 0.97 * best_us) best = P, best_us = us; /* more parts only for a clear gain */
     }
     return best;
 }
@@ -576,12 +1092,58 @@ kdt_status workspace_pool(int dev, cudaMemPool_t *pool) {
     return KDT_OK;
 }
 
-int env_variant(void) { /* $KDT_VA_SM90: 0 off, 1..4 a variant; unset or unparsable: 2 */
+/* cuTensorMapEncodeTiled, reached through the runtime's driver entry point (no -lcuda). */
+pthread_once_t g_encode_once = PTHREAD_ONCE_INIT;
+PFN_cuTensorMapEncodeTiled_v12000 g_encode;
+
+void find_encode(void) {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    else
+        (void)cudaGetLastError();
+}
+
+/* A bf16 map over `rows` rows of 576 elements: boxes [box_rows, 64 elements] with the 128-byte
+ * swizzle (the tiles' shared layout); reads outside the rows give zeros. */
+int encode_rows(CUtensorMap *m, const void *base, long long rows, int box_rows) {
+    const cuuint64_t dim[2] = {(cuuint64_t)kDqk, (cuuint64_t)rows};
+    const cuuint64_t stride[1] = {(cuuint64_t)kDqk * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+    const cuuint32_t estride[2] = {1, 1};
+    return g_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dim, stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Variant 5's tensor maps; 0 when the call does not fit them (block size not 16, 32 or a multiple
+ * of 64, row coordinates past int32, no encoder): the caller runs variant 2 instead. */
+int setup_tma(const kdt_verify_attn_params *p, Args *a) {
+    pthread_once(&g_encode_once, find_encode);
+    if (!g_encode) return 0;
+    const long long lim = INT_MAX - 64; /* a box starting at kv_rows stays in int32 */
+    int box = 64;
+    long long kv_rows = (long long)p->B * p->L;
+    if (p->kv_cache) {
+        if (p->BS % 64 != 0 && p->BS != 16 && p->BS != 32) return 0;
+        box = p->BS % 64 == 0 ? 64 : p->BS;
+        kv_rows = (long long)p->NB * p->BS;
+    }
+    const long long q_rows = (long long)p->B * p->Q * p->H;
+    if (kv_rows < 1 || kv_rows > lim || q_rows > lim) return 0;
+    if (!encode_rows(&a->tm_q, p->q, q_rows, 64) || !encode_rows(&a->tm_kv, a->kv, kv_rows, box)) return 0;
+    a->kv_rows = (int)kv_rows;
+    a->kv_box = box;
+    return 1;
+}
+
+int env_variant(void) { /* $KDT_VA_SM90: 0 off, 1..5 a variant; unset or unparsable: the default */
     const char *s = getenv("KDT_VA_SM90");
-    if (!s || !*s) return 2;
+    if (!s || !*s) return KDT_VA_SM90_DEFAULT;
     char *end = nullptr;
     const long v = strtol(s, &end, 10);
-    return (*end == 0 && v >= 0 && v <= KDT_VA_SM90_VARIANTS) ? (int)v : 2;
+    return (*end == 0 && v >= 0 && v <= KDT_VA_SM90_VARIANTS) ? (int)v : KDT_VA_SM90_DEFAULT;
 }
 
 int aligned(const void *p, uintptr_t n) { return ((uintptr_t)p % n) == 0; }
@@ -594,7 +1156,7 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int vari
     if (major != 9) return KDT_OK;
     KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     KDT_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if ((int)kSmemBytes > max_smem) return KDT_OK;
+    if ((int)kSmemT > max_smem) return KDT_OK; /* the largest of the variants */
 
     const int paged = p->kv_cache != NULL;
     const long long rows = (long long)p->Q * p->H, cap = paged ? (long long)p->MB * p->BS : p->L;
@@ -634,11 +1196,13 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int vari
         a.lse_part = a.o_part + slot_rows * kDv;
     }
 
+    if (variant >= 5 && !setup_tma(p, &a)) variant = 2;
     const kernel_fn kernel = kKernels[variant - 1];
+    const int smem = variant == 5 ? (int)kSmemPP : variant == 6 ? (int)kSmemT : (int)kSmemBytes;
     int pdl = 0;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes);
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e == cudaSuccess) {
-        kernel<<<dim3((unsigned)m_tiles, (unsigned)parts), kThreads, kSmemBytes, stream>>>(a);
+        kernel<<<dim3((unsigned)m_tiles, (unsigned)parts), kThreads, (size_t)smem, stream>>>(a);
         e = cudaPeekAtLastError();
     }
     if (e == cudaSuccess && parts > 1) {
@@ -671,7 +1235,7 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int vari
         info->m_tiles = m_tiles;
         info->parts = parts;
         info->grid = m_tiles * parts;
-        info->smem_bytes = (int)kSmemBytes;
+        info->smem_bytes = smem;
         info->workspace_bytes = ws_bytes;
         info->pdl = pdl;
     }
@@ -688,7 +1252,7 @@ extern "C" kdt_status kdt_verify_attn_sm90_ex(const kdt_verify_attn_params *p, v
     const void *kv = p->kv_cache ? p->kv_cache : p->kv;
     if (!aligned(p->q, 16) || !aligned(kv, 16) || !aligned(p->o, 16) || !aligned(p->lse, 4)) return KDT_OK;
     int variant = cfg && cfg->variant ? cfg->variant : env_variant();
-    if (variant == 0) variant = 2; /* $KDT_VA_SM90=0 switches the hook off, not this entry */
+    if (variant == 0) variant = KDT_VA_SM90_DEFAULT; /* $KDT_VA_SM90=0 switches the hook off, not this entry */
     if (variant < 1 || variant > KDT_VA_SM90_VARIANTS)
         return kdt_fail(KDT_ERR_INVALID_ARG, "verify_attn sm90: variant %d outside 1 .. %d", variant, KDT_VA_SM90_VARIANTS);
     if (cfg && cfg->parts < 0) return kdt_fail(KDT_ERR_INVALID_ARG, "verify_attn sm90: parts %d is negative", cfg->parts);

@@ -12,20 +12,25 @@ extern "C" {
 
 /* Kernel variants, by the engine of each product (S = Q K^T, then O += P V):
  *   1: mma.sync for both (sm_80 instructions; the reference design)
- *   2: wgmma for both (the fast one, the default)
+ *   2: wgmma for both, warpgroup 0 computes S and the softmax, cp.async loads
  *   3: wgmma for S, mma.sync for P V;  4: mma.sync for S, wgmma for P V
- * 3 and 4 exist to localize a wgmma layout fault from one test run. */
-#define KDT_VA_SM90_VARIANTS 4
+ *   5: wgmma, the two warpgroups in ping-pong (each S of its own key tile, FlashMLA's schedule),
+ *      TMA loads; block size 16, 32 or a multiple of 64, or contiguous (else it runs variant 2)
+ *   6: variant 2's schedule with TMA loads (same block sizes as 5, else variant 2): the default
+ * 3 and 4 exist to localize a wgmma layout fault from one test run; docs/perf/verify_attn_sm90.md
+ * has the times of each. */
+#define KDT_VA_SM90_VARIANTS 6
+#define KDT_VA_SM90_DEFAULT 6 /* the fastest variant that passed on an H200 */
 
 typedef struct kdt_va_sm90_config {
-    int variant; /* 0: from $KDT_VA_SM90 (unset: 2); 1 .. KDT_VA_SM90_VARIANTS */
+    int variant; /* 0: from $KDT_VA_SM90 (unset: KDT_VA_SM90_DEFAULT); 1 .. KDT_VA_SM90_VARIANTS */
     int parts;   /* 0: the scheduler chooses; else KV parts per row tile (split-KV), >= 1 */
     int no_pdl;  /* 1: launch the combine kernel without programmatic dependent launch */
 } kdt_va_sm90_config;
 
 /* What a call ran: for tests and the bench. */
 typedef struct kdt_va_sm90_info {
-    int variant;            /* 1 .. 4 */
+    int variant;            /* the variant that ran: 1 .. KDT_VA_SM90_VARIANTS */
     int m_tiles;            /* row tiles of 64 (tree row, head) pairs per request */
     int parts;              /* KV parts per row tile; > 1 launches the combine kernel */
     int grid;               /* CTAs of the main kernel: m_tiles * parts */
