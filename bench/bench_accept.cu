@@ -10,99 +10,26 @@
  * kernels are latency-bound and read a few KB (see docs/perf/tree_accept.md), so flushing L2
  * between back-to-back launches would measure the flush. Before timing, every variant's
  * outputs are checked against the CPU backend on the same inputs. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "bench_common.h"
 #include "cuda/tree_accept.h"
 #include "kdt/ops.h"
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "bench_accept: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
-                    cudaGetErrorString(e_));                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define KCK(call)                                                                                  \
-    do {                                                                                           \
-        kdt_status s_ = (call);                                                                    \
-        if (s_ != KDT_OK) {                                                                        \
-            fprintf(stderr, "bench_accept: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, kdt_last_error()); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static FILE *g_out;
 static int g_iters = 200, g_batches = 7;
 
-/* Prints to stdout and to --out. */
-static void emit(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (g_out) {
-        va_start(ap, fmt);
-        vfprintf(g_out, fmt, ap);
-        va_end(ap);
-    }
-}
-
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)((z ^ (z >> 31)) >> 32);
-}
+static uint32_t rnd(void) { return (uint32_t)(bench_splitmix64(&g_rng) >> 32); }
 
-typedef void (*launch_fn)(void *ctx, cudaStream_t s);
-
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Median over g_batches of (time of g_iters launches) / g_iters, in microseconds; graph != 0
- * captures the g_iters launches in a CUDA graph and times the graph. */
-static float time_launches(launch_fn fn, void *ctx, cudaStream_t s, int graph) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    cudaGraphExec_t exec = NULL;
-    if (graph) {
-        cudaGraph_t g;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < g_iters; i++) fn(ctx, s);
-        CK(cudaStreamEndCapture(s, &g));
-        CK(cudaGraphInstantiate(&exec, g, 0));
-        CK(cudaGraphDestroy(g));
-    }
-    float t[64];
-    for (int k = -1; k < g_batches; k++) { /* k = -1 warms up */
-        CK(cudaEventRecord(e0, s));
-        if (graph) CK(cudaGraphLaunch(exec, s));
-        else
-            for (int i = 0; i < g_iters; i++) fn(ctx, s);
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (k >= 0) t[k] = ms * 1000.0f / g_iters;
-    }
-    if (exec) CK(cudaGraphExecDestroy(exec));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    qsort(t, g_batches, sizeof t[0], cmp_float);
-    return t[g_batches / 2];
+/* bench_time_launches with --iters and --batches. */
+static float time_launches(bench_launch_fn fn, void *ctx, cudaStream_t s, int graph) {
+    return bench_time_launches(fn, ctx, s, graph, g_iters, g_batches);
 }
 
 __global__ void empty_kernel(void) {}
@@ -183,44 +110,33 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (g_iters < 1 || g_batches < 1 || g_batches > 64) {
+    if (g_iters < 1 || g_batches < 1 || g_batches > BENCH_MAX_BATCHES) {
         fprintf(stderr, "bench_accept: --iters must be >= 1 and --batches 1 .. 64\n");
         return 2;
     }
-    if (!kdt_cuda_available()) {
-        fprintf(stderr, "bench_accept: no CUDA device\n");
-        return 1;
-    }
-    if (out_path && !(g_out = fopen(out_path, "w"))) {
-        fprintf(stderr, "bench_accept: cannot write %s\n", out_path);
-        return 1;
-    }
+    if (bench_open("bench_accept", out_path, &g_out)) return 1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    char date[64], cmd[1024] = "";
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
-    for (int i = 0, n = 0; i < argc && n < (int)sizeof cmd - 1; i++)
-        n += snprintf(cmd + n, sizeof cmd - n, "%s%s", i ? " " : "", argv[i]);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     int failures = 0;
 
-    emit("# bench_accept\n\n- GPU: %s (%d SMs)\n- date: %s\n- command: `%s`\n", prop.name, prop.multiProcessorCount,
-         date, cmd);
-    emit("- time: average of %d back-to-back launches between two events, median of %d batches, microseconds; "
-         "\"graph\": the same launches in one CUDA graph (no host launch overhead)\n\n",
-         g_iters, g_batches);
+    bench_report_header(g_out, "bench_accept", &prop, argc, argv);
+    bench_emit(g_out,
+               "- time: average of %d back-to-back launches between two events, median of %d batches, microseconds; "
+               "\"graph\": the same launches in one CUDA graph (no host launch overhead)\n\n",
+               g_iters, g_batches);
     float empty_stream = time_launches(launch_empty, NULL, s, 0), empty_graph = time_launches(launch_empty, NULL, s, 1);
-    emit("| kernel | stream us | graph us |\n|---|---|---|\n| empty | %.2f | %.2f |\n\n", empty_stream, empty_graph);
+    bench_emit(g_out, "| kernel | stream us | graph us |\n|---|---|---|\n| empty | %.2f | %.2f |\n\n", empty_stream,
+               empty_graph);
 
     /* Accepted paths of each (B, N), fed to kv_commit below. */
     int32_t *paths[NB_][NN_], *lens[NB_][NN_];
-    emit("## tree_accept (random trees, num_nodes = N)\n\n| B | N | mean accept |");
-    for (int v = 0; v < KDT_TREE_ACCEPT_N_VARIANTS; v++) emit(" %s |", kdt_tree_accept_variant_name(v));
-    emit(" warp graph | check |\n|---|---|---|");
-    for (int v = 0; v < KDT_TREE_ACCEPT_N_VARIANTS + 2; v++) emit("---|");
-    emit("\n");
+    bench_emit(g_out, "## tree_accept (random trees, num_nodes = N)\n\n| B | N | mean accept |");
+    for (int v = 0; v < KDT_TREE_ACCEPT_N_VARIANTS; v++) bench_emit(g_out, " %s |", kdt_tree_accept_variant_name(v));
+    bench_emit(g_out, " warp graph | check |\n|---|---|---|");
+    for (int v = 0; v < KDT_TREE_ACCEPT_N_VARIANTS + 2; v++) bench_emit(g_out, "---|");
+    bench_emit(g_out, "\n");
     for (size_t bi = 0; bi < NB_; bi++) {
         for (size_t ni = 0; ni < NN_; ni++) {
             const int B = kBs[bi], Q = kNs[ni] + 1;
@@ -240,7 +156,7 @@ int main(int argc, char **argv) {
                                            (const int32_t *)dev_copy(num, (size_t)B * 4), (const int32_t *)dev_copy(pred, bq * 4),
                                            (int32_t *)dev_copy(NULL, (size_t)B * 4), (int32_t *)dev_copy(NULL, bq * 4),
                                            (int32_t *)dev_copy(NULL, bq * 4), (int32_t *)dev_copy(NULL, (size_t)B * 4)};
-            emit("| %d | %d | %.2f |", B, Q - 1, mean);
+            bench_emit(g_out, "| %d | %d | %.2f |", B, Q - 1, mean);
             int ok = 1;
             for (int v = 0; v < KDT_TREE_ACCEPT_N_VARIANTS; v++) {
                 c.variant = v;
@@ -255,10 +171,10 @@ int main(int argc, char **argv) {
                 if (!v_ok) fprintf(stderr, "bench_accept: tree_accept %s differs from cpu at B=%d N=%d\n",
                                    kdt_tree_accept_variant_name(v), B, Q - 1);
                 ok &= v_ok;
-                emit(" %.2f |", time_launches(launch_accept, &c, s, 0));
+                bench_emit(g_out, " %.2f |", time_launches(launch_accept, &c, s, 0));
             }
             c.variant = KDT_TREE_ACCEPT_WARP;
-            emit(" %.2f | %s |\n", time_launches(launch_accept, &c, s, 1), ok ? "ok" : "MISMATCH");
+            bench_emit(g_out, " %.2f | %s |\n", time_launches(launch_accept, &c, s, 1), ok ? "ok" : "MISMATCH");
             failures += !ok;
             cudaFree((void *)c.p.node_token); cudaFree((void *)c.p.node_parent); cudaFree((void *)c.p.num_nodes);
             cudaFree((void *)c.p.target_pred); cudaFree(c.p.accept_len); cudaFree(c.p.accept_index);
@@ -271,9 +187,10 @@ int main(int argc, char **argv) {
 
     const int BS = 64, D = 576;
     const double bw = 4.8e12; /* H200 HBM3e bytes/s */
-    emit("\n## kv_commit (bf16, Dqk = %d, BS = %d; paths from the tree_accept runs above)\n\n"
-         "| B | N | mean accept | rows moved | stream us | graph us | bytes moved | HBM floor us | check |\n"
-         "|---|---|---|---|---|---|---|---|---|\n", D, BS);
+    bench_emit(g_out, "\n## kv_commit (bf16, Dqk = %d, BS = %d; paths from the tree_accept runs above)\n\n"
+               "| B | N | mean accept | rows moved | stream us | graph us | bytes moved | HBM floor us | check |\n"
+               "|---|---|---|---|---|---|---|---|---|\n",
+               D, BS);
     for (size_t bi = 0; bi < NB_; bi++) {
         for (size_t ni = 0; ni < NN_; ni++) {
             const int B = kBs[bi], Q = kNs[ni] + 1;
@@ -323,8 +240,8 @@ int main(int argc, char **argv) {
             failures += !ok;
             const double bytes = 2.0 * moved * D * 2;
             float ts = time_launches(launch_commit, &c, s, 0), tg = time_launches(launch_commit, &c, s, 1);
-            emit("| %d | %d | %.2f | %lld | %.2f | %.2f | %.0f | %.3f | %s |\n", B, Q - 1, mean, moved, ts, tg, bytes,
-                 bytes / bw * 1e6, ok ? "ok" : "MISMATCH");
+            bench_emit(g_out, "| %d | %d | %.2f | %lld | %.2f | %.2f | %.0f | %.3f | %s |\n", B, Q - 1, mean, moved, ts,
+                       tg, bytes, bytes / bw * 1e6, ok ? "ok" : "MISMATCH");
             cudaFree(c.p.kv_cache); cudaFree((void *)c.p.block_table); cudaFree((void *)c.p.kv_len);
             cudaFree((void *)c.p.accept_index); cudaFree((void *)c.p.accept_len); cudaFree(c.p.new_kv_len);
             cudaFree(c.p.status);
@@ -333,7 +250,9 @@ int main(int argc, char **argv) {
             free(lens[bi][ni]);
         }
     }
-    emit("\n%s\n", failures ? "RESULT: MISMATCH against the CPU backend (see stderr)" : "RESULT: all outputs equal the CPU backend");
+    bench_emit(g_out, "\n%s\n",
+               failures ? "RESULT: MISMATCH against the CPU backend (see stderr)"
+                        : "RESULT: all outputs equal the CPU backend");
     if (g_out) fclose(g_out);
     CK(cudaStreamDestroy(s));
     return failures ? 1 : 0;

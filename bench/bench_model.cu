@@ -16,35 +16,17 @@
  * rows the forward turns into cache rows (prefill, decode) or the rows verified. Memory: device
  * memory in use after loading the model and the peak after the runs. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime.h>
 
+#include "bench_common.h"
 #include "kdt/model.h"
 #include "model/internal.h"
 
 namespace {
-
-#define CK(call)                                                                                       \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));     \
-            exit(1);                                                                                   \
-        }                                                                                              \
-    } while (0)
-#define KCK(call)                                                                                      \
-    do {                                                                                               \
-        kdt_status s_ = (call);                                                                        \
-        if (s_ != KDT_OK) {                                                                            \
-            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, kdt_status_name(s_),     \
-                    kdt_last_error());                                                                 \
-            exit(1);                                                                                   \
-        }                                                                                              \
-    } while (0)
 
 const char *kKimiDims =
     "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"vocab_size\": 32000, \"hidden_size\": 7168,"
@@ -61,34 +43,10 @@ constexpr int kMaxB = 32, kTree = 16;
 
 FILE *g_out;
 
-/* Prints to stdout and to --out. */
-void say(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (g_out) {
-        va_start(ap, fmt);
-        vfprintf(g_out, fmt, ap);
-        va_end(ap);
-    }
-    fflush(stdout);
-}
-
 uint64_t g_rng = 12345;
 uint32_t rnd() {
     g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
     return (uint32_t)(g_rng >> 33);
-}
-
-int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-float median(float *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
-    return v[n / 2];
 }
 
 double used_gb() {
@@ -165,9 +123,10 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
     int32_t *pos = (int32_t *)malloc((size_t)kMaxB * kTree * sizeof(int32_t));
     uint8_t *mask = (uint8_t *)malloc((size_t)kMaxB * kTree * kTree);
     float *t = (float *)malloc((size_t)(reps > D ? reps : D) * sizeof(float));
-    say("\n## %s: %.2f GB of weights\n\n", name, weights_gb);
-    say("|  B | prefill tokens | prefill ms | prefill tok/s | decode ms | decode tok/s | verify ms | verify rows/s |\n");
-    say("|---|---|---|---|---|---|---|---|\n");
+    bench_emit(g_out, "\n## %s: %.2f GB of weights\n\n", name, weights_gb);
+    bench_emit(g_out,
+               "|  B | prefill tokens | prefill ms | prefill tok/s | decode ms | decode tok/s | verify ms | verify rows/s |\n");
+    bench_emit(g_out, "|---|---|---|---|---|---|---|---|\n");
     for (int bi = 0; bi < (int)(sizeof kBatches / sizeof kBatches[0]); bi++) {
         const int B = kBatches[bi];
         /* Warm-up: scratch sized and cuBLAS's choices made for this batch. */
@@ -180,20 +139,20 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
             reset(b, B);
             t[r] = timed(b, B, P, NULL, NULL);
         }
-        const float prefill = median(t, reps);
+        const float prefill = bench_median(t, reps);
         for (int i = 0; i < D; i++) t[i] = timed(b, B, 1, NULL, NULL);
-        const float decode = median(t, D);
+        const float decode = bench_median(t, D);
         for (int i = 0; i < D; i++) {
             make_trees(b, B, pos, mask);
             const int32_t keep = kdt_cache_len(b.c, b.req[0]);
             t[i] = timed(b, B, kTree, pos, mask);
             for (int r = 0; r < B; r++) KCK(kdt_cache_truncate(b.c, b.req[r], keep));
         }
-        const float verify = median(t, D);
-        say("| %2d | %6d | %9.2f | %10.0f | %8.3f | %8.0f | %8.3f | %9.0f |\n", B, B * P, prefill,
-            B * P / (prefill * 1e-3), decode, B / (decode * 1e-3), verify, B * kTree / (verify * 1e-3));
+        const float verify = bench_median(t, D);
+        bench_emit(g_out, "| %2d | %6d | %9.2f | %10.0f | %8.3f | %8.0f | %8.3f | %9.0f |\n", B, B * P, prefill,
+                   B * P / (prefill * 1e-3), decode, B / (decode * 1e-3), verify, B * kTree / (verify * 1e-3));
     }
-    say("\nDevice memory in use after the runs (weights, cache, scratch): %.1f GB\n", used_gb());
+    bench_emit(g_out, "\nDevice memory in use after the runs (weights, cache, scratch): %.1f GB\n", used_gb());
     reset(b, kMaxB);
     kdt_cache_free(b.c);
     CK(cudaEventDestroy(b.e0));
@@ -227,18 +186,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_model: --prompt 1 .. 4096, --decode 1 .. 4096, --reps 1 .. 100\n");
         return 2;
     }
-    if (!kdt_cuda_available()) {
-        fprintf(stderr, "bench_model: no CUDA device\n");
-        return 1;
-    }
-    if (out_path && !(g_out = fopen(out_path, "w"))) {
-        fprintf(stderr, "bench_model: cannot write %s\n", out_path);
-        return 1;
-    }
+    if (bench_open("bench_model", out_path, &g_out)) return 1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    say("# kdt_model_forward on %s, %s weights and activations; prompt %d tokens, %d decode steps, trees of %d rows\n",
-        prop.name, kdt_dtype_name(dt), P, D, kTree);
+    bench_emit(g_out,
+               "# kdt_model_forward on %s, %s weights and activations; prompt %d tokens, %d decode steps, trees of %d rows\n",
+               prop.name, kdt_dtype_name(dt), P, D, kTree);
     double before = used_gb();
     kdt_model *m = NULL;
     KCK(kdt_model_builtin_as(0x4B44542D4B324DULL, KDT_BACKEND_CUDA, dt, &m));

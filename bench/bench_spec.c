@@ -31,46 +31,19 @@
  * differently), which the "= greedy" column reports. Timing: host clock; the loop synchronizes
  * after each phase (sync_timing), a warm-up run precedes each batch size. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_common.h"
 #include "common/device.h"
 #include "kdt/spec.h"
 #include "model/internal.h"
 
-#define FAILK(call)                                                                                \
-    do {                                                                                           \
-        kdt_status s_ = (call);                                                                    \
-        if (s_ != KDT_OK) {                                                                        \
-            fprintf(stderr, "bench_spec: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, kdt_last_error()); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
 static FILE *g_out;
 
-/* Prints to stdout and to --out. */
-static void emit(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (g_out) {
-        va_start(ap, fmt);
-        vfprintf(g_out, fmt, ap);
-        va_end(ap);
-    }
-}
-
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return bench_splitmix64(&g_rng); }
 
 /* ---- the model ---- */
 
@@ -89,7 +62,7 @@ static void kimi_config(int layers, int experts, int vocab, kdt_model_config *cf
              "\"rope_scaling\": {\"beta_fast\": 1.0, \"beta_slow\": 1.0, \"factor\": 32.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0,"
              "\"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}, \"tie_word_embeddings\": false}",
              vocab, layers, experts);
-    FAILK(kdt_model_config_parse(json, strlen(json), "Kimi K2 dims", cfg));
+    KCK(kdt_model_config_parse(json, strlen(json), "Kimi K2 dims", cfg));
 }
 
 /* ---- the oracle drafter: replays the plain greedy output of the same batch ---- */
@@ -172,7 +145,7 @@ static kdt_spec_stats run_once(kdt_model *m, kdt_drafter *dr, const run *r, batc
         req[b] = (kdt_spec_request){.prompt = bt->prompt[b], .prompt_len = bt->P, .max_new = bt->NEW, .out = out[b]};
     const kdt_spec_params p = {.depth = r->D, .topk = r->K, .budget = r->N, .eos = -1, .pad_tree = 1, .sync_timing = 1};
     kdt_spec_stats st;
-    FAILK(kdt_spec_generate(m, dr, &p, bt->B, req, &st, NULL));
+    KCK(kdt_spec_generate(m, dr, &p, bt->B, req, &st, NULL));
     free(req);
     return st;
 }
@@ -207,17 +180,17 @@ int main(int argc, char **argv) {
     if (be == KDT_BACKEND_CUDA) {
         kdt_model_config cfg;
         kimi_config(layers, experts, vocab, &cfg);
-        FAILK(kdt_model_random_cuda(&cfg, SEED, dt, &target));
+        KCK(kdt_model_random_cuda(&cfg, SEED, dt, &target));
         cfg.num_hidden_layers = 1;
-        FAILK(kdt_model_random_cuda(&cfg, SEED, dt, &first));
+        KCK(kdt_model_random_cuda(&cfg, SEED, dt, &first));
     } else {
-        FAILK(kdt_model_builtin(SEED, be, &target));
+        KCK(kdt_model_builtin(SEED, be, &target));
     }
     const kdt_model_config *cf = kdt_model_get_config(target);
     kdt_drafter *lookup = NULL, *self = NULL, *small = NULL;
-    FAILK(kdt_drafter_lookup(&lookup));
-    FAILK(kdt_drafter_model(target, &self));
-    if (first) FAILK(kdt_drafter_model(first, &small));
+    KCK(kdt_drafter_lookup(&lookup));
+    KCK(kdt_drafter_model(target, &self));
+    if (first) KCK(kdt_drafter_model(first, &small));
     oracle orc = {0};
     kdt_drafter ord = {.name = "oracle", .state = &orc, .begin = or_begin, .propose = or_propose, .observe = or_observe,
                        .destroy = or_destroy};
@@ -226,19 +199,22 @@ int main(int argc, char **argv) {
                         {"model (itself)", 4, 4, 16}, {"model (first layer)", 4, 1, 4}, {"model (first layer)", 4, 4, 16}};
     const int n_runs = (int)(sizeof runs / sizeof runs[0]);
 
-    emit("# bench_spec: %s, %s backend, %s; %d layers (the first dense), %d experts (top %d), vocab %d, hidden %d\n\n",
-         be == KDT_BACKEND_CUDA ? "Kimi K2 per-layer dims, random weights" : "the built-in model", kdt_backend_name(be),
-         kdt_dtype_name(kdt_model_dtype(target)), cf->num_hidden_layers, cf->n_routed_experts, cf->num_experts_per_tok,
-         cf->vocab_size, cf->hidden_size);
-    emit("Prompts: %d tokens (a 16-token phrase repeated), %d new tokens per request. tokens/s counts the generated\n"
-         "tokens after each request's first (the prefill's) over the decode time. accepted: mean draft tokens kept per\n"
-         "request and step; tok/step: tokens emitted per request and step. Step split in ms per step (synchronized).\n"
-         "oracle: replays the greedy output (a perfect, free drafter: the loop's ceiling); model (itself): the target\n"
-         "drafting for itself (acceptance upper bound, D target forwards to draft); model (first layer): the target's\n"
-         "first layer as the draft (its real cost; random weights make its guesses poor).\n\n",
-         P, NEW);
-    emit("| batch | drafter | D | K | N | tokens/s | vs none | accepted | tok/step | = greedy | draft | tree | verify | accept | commit |\n");
-    emit("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    bench_emit(g_out,
+               "# bench_spec: %s, %s backend, %s; %d layers (the first dense), %d experts (top %d), vocab %d, hidden %d\n\n",
+               be == KDT_BACKEND_CUDA ? "Kimi K2 per-layer dims, random weights" : "the built-in model", kdt_backend_name(be),
+               kdt_dtype_name(kdt_model_dtype(target)), cf->num_hidden_layers, cf->n_routed_experts, cf->num_experts_per_tok,
+               cf->vocab_size, cf->hidden_size);
+    bench_emit(g_out,
+               "Prompts: %d tokens (a 16-token phrase repeated), %d new tokens per request. tokens/s counts the generated\n"
+               "tokens after each request's first (the prefill's) over the decode time. accepted: mean draft tokens kept per\n"
+               "request and step; tok/step: tokens emitted per request and step. Step split in ms per step (synchronized).\n"
+               "oracle: replays the greedy output (a perfect, free drafter: the loop's ceiling); model (itself): the target\n"
+               "drafting for itself (acceptance upper bound, D target forwards to draft); model (first layer): the target's\n"
+               "first layer as the draft (its real cost; random weights make its guesses poor).\n\n",
+               P, NEW);
+    bench_emit(g_out, "| batch | drafter | D | K | N | tokens/s | vs none | accepted | tok/step | = greedy | draft | tree | verify "
+                      "| accept | commit |\n");
+    bench_emit(g_out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 
     char list[256];
     snprintf(list, sizeof list, "%s", batches_arg);
@@ -291,11 +267,11 @@ int main(int argc, char **argv) {
             if (r == 0) snprintf(same, sizeof same, "(reference)");
             else if (!parted) snprintf(same, sizeof same, "yes");
             else snprintf(same, sizeof same, "%d/%d part (from token %d)", parted, bt.B, first_part);
-            emit("| %d | %s | %d | %d | %d | %.1f | %.2fx | %.2f | %.2f | %s | %.3f | %.3f | %.3f | %.3f | %.3f |\n", bt.B,
-                 runs[r].drafter, r ? runs[r].D : 0, r ? runs[r].K : 0, r ? runs[r].N : 0, tps, tps / base,
-                 (double)st.accepted / (double)st.request_steps, (double)later / (double)st.request_steps, same,
-                 st.t_draft * ms, st.t_tree * ms, st.t_verify * ms, st.t_accept * ms, st.t_commit * ms);
-            fflush(stdout);
+            bench_emit(g_out,
+                       "| %d | %s | %d | %d | %d | %.1f | %.2fx | %.2f | %.2f | %s | %.3f | %.3f | %.3f | %.3f | %.3f |\n", bt.B,
+                       runs[r].drafter, r ? runs[r].D : 0, r ? runs[r].K : 0, r ? runs[r].N : 0, tps, tps / base,
+                       (double)st.accepted / (double)st.request_steps, (double)later / (double)st.request_steps, same,
+                       st.t_draft * ms, st.t_tree * ms, st.t_verify * ms, st.t_accept * ms, st.t_commit * ms);
         }
         for (int b = 0; b < bt.B; b++) free(bt.prompt[b]), free(bt.out[b]), free(bt.ref[b]), free(bt.seq[b]);
         free(bt.prompt), free(bt.out), free(bt.ref), free(bt.seq), free(bt.seq_len);

@@ -20,34 +20,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "bench_common.h"
 #include "cuda/sm90/verify_attn_sm90.h"
 #include "ops/backends.h"
 
 namespace {
-
-#define CK(call)                                                                                       \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));     \
-            exit(1);                                                                                   \
-        }                                                                                              \
-    } while (0)
-#define KCK(call)                                                                                      \
-    do {                                                                                               \
-        kdt_status s_ = (call);                                                                        \
-        if (s_ != KDT_OK) {                                                                            \
-            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, kdt_status_name(s_),     \
-                    kdt_last_error());                                                                 \
-            exit(1);                                                                                   \
-        }                                                                                              \
-    } while (0)
 
 struct Shape {
     int B, H, Q, prefix;
@@ -61,21 +43,13 @@ constexpr int kDqk = 576, kDv = 512, kBS = 64;
 
 __global__ void fill_bf16(__nv_bfloat16 *x, size_t n, uint64_t seed, float amp) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        const uint64_t z = bench_mix64((i + 1) * 0x9E3779B97F4A7C15ull ^ seed);
         x[i] = __float2bfloat16((float)((z >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0) * amp);
     }
 }
 
 uint64_t rng = 42;
-uint64_t rnd() {
-    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+uint64_t rnd() { return bench_splitmix64(&rng); }
 
 struct Bench {
     int reps;
@@ -297,14 +271,9 @@ int main(int argc, char **argv) {
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    char cmd[512] = "";
-    for (int a = 0; a < argc; a++) {
-        strncat(cmd, argv[a], sizeof cmd - strlen(cmd) - 2);
-        strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
-    }
-    char date[64];
-    const time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    char cmd[1024], date[64];
+    bench_command(cmd, sizeof cmd, argc, argv);
+    bench_date(date, sizeof date);
 
     Bench bn;
     bn.reps = reps;
