@@ -2,7 +2,9 @@
  * serving stack would need to use it, on a table of (B, D, K, N), through the library's own
  * entry point (kdt_tree_build with KDT_BACKEND_CUDA / KDT_BACKEND_CPU).
  *
- *   build/bench/bench_tree_build [--out FILE] [--iters N] [--batches K]
+ *   build/bench/bench_tree_build [--out FILE] [--iters N] [--batches K] [--shape B,D,K,N]
+ *
+ * --shape: that shape of the table alone (both of its rows), e.g. under a profiler.
  *
  * kernel: average over N back-to-back launches between two events, median of K batches
  *   ("stream"); "graph": the same launches in one CUDA graph (no host launch overhead).
@@ -255,12 +257,18 @@ static const int shapes[][4] = { /* B, D, K, N */
 
 int main(int argc, char **argv) {
     const char *out_path = NULL;
+    int only[4] = {0, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) g_iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d,%d,%d,%d", &only[0], &only[1], &only[2], &only[3]) != 4) {
+                fprintf(stderr, "bench_tree_build: --shape wants B,D,K,N\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) g_iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batches") && i + 1 < argc) g_batches = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_tree_build [--out FILE] [--iters N] [--batches K (1..64)]\n");
+            fprintf(stderr, "usage: bench_tree_build [--out FILE] [--iters N] [--batches K (1..64)] [--shape B,D,K,N]\n");
             return 2;
         }
     }
@@ -303,6 +311,7 @@ int main(int argc, char **argv) {
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     for (size_t c = 0; c < 2 * n_shapes; c++) {
         const int *sh = shapes[c % n_shapes], positive = c >= n_shapes;
+        if (only[0] && memcmp(sh, only, sizeof only)) continue;
         kdt_tree_build_params d;
         memset(&d, 0, sizeof d);
         d.B = sh[0];

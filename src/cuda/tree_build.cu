@@ -5,8 +5,8 @@
  * (-score, depth, ...) never precedes its parent's, so best-first selection equals the trie's
  * global order truncated to N, and it is built depth by depth with the whole block: a running
  * list G of the best N nodes so far; each depth ranks the children of G's newest nodes (the
- * frontier: K sorted columns, one per k) by binary searches and merges them into G. Proof and
- * costs in docs/perf/tree_build.md.
+ * frontier: K sorted columns, one per k) by binary searches, one thread per candidate or G
+ * element, and merges them into G. Proof, costs and measurements in docs/perf/tree_build.md.
  *
  * Sequential path (any other request): rows are sorted, so under each selected node only its
  * best unselected child can be next; that child is the node's "slot". Popping slot p =
@@ -15,7 +15,7 @@
  * unsigned order is the SPEC's order. A step is two warp reductions (redux.sync: max of the high
  * words, then min of the tie-break words among the lanes holding that max), one shared-memory
  * load for the new slot and O(N / 32) register work per lane. Meanwhile the other warps zero
- * this request's tree_mask and stage its tokens.
+ * this request's tree_mask. (Scores and tokens are staged in one global round trip, before.)
  * After a barrier all warps write the node outputs and the mask's ones (each row's ancestors).
  *
  * Bit-exact with the CPU: sums are the same single f32 additions (parent score + scores[b][d][k],
@@ -30,8 +30,7 @@
 
 namespace {
 
-constexpr int kWarps = 16;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kWarps = 16; /* a block per request (8 warps measured slower at every shape) */
 constexpr unsigned kFull = 0xffffffffu;
 
 /* A candidate's key: its unsigned order is the SPEC's order; 0 = no candidate.
@@ -164,10 +163,10 @@ struct merge_smem {
     int32_t *fg;    /* [2, N] */
     int32_t *gsh;   /* [N] candidates that precede G[g] */
     int32_t *cpos;  /* [cmax] a candidate's position in the merged list */
-    int32_t *cq;    /* [cmax] its G elements that precede it */
+    int32_t *cq;    /* [cmax] its G predecessors | j << 11 | k << 22 */
     int32_t *lens;  /* [K] surviving candidates of column k (a prefix of the frontier) */
     int32_t *off;   /* [K] first flat index of column k */
-    int32_t *ctr;   /* [1] frontier size of the next depth */
+    int32_t *ctr;   /* [2] frontier size of the next depth, by depth parity */
 };
 
 /* Bytes of merge_smem for (N, K); cmax bounds the candidates of one depth: a survivor (j, k)
@@ -179,7 +178,7 @@ __host__ __device__ inline int merge_cmax(int N, int K) {
 }
 
 __host__ __device__ inline size_t merge_smem_bytes(int N, int K) {
-    return (size_t)4 * (11 * N + 2 * merge_cmax(N, K) + 2 * K + 1);
+    return (size_t)4 * (11 * N + 2 * merge_cmax(N, K) + 2 * K + 2);
 }
 
 __device__ merge_smem merge_carve(uint8_t *base, int N, int K) {
@@ -198,39 +197,35 @@ __device__ merge_smem merge_carve(uint8_t *base, int N, int K) {
     return m;
 }
 
-/* Column of flat candidate index f: the last k with off[k] <= f (empty columns only trail). */
-__device__ __forceinline__ int column_of(const int32_t *off, int K, int f) {
-    int lo = 0, hi = K - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (off[mid] <= f) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
+/* The merge path's state before depth 0 (the root alone in the frontier); thread 0, before the
+ * prologue's barrier. */
+__device__ void merge_init(uint8_t *base, int N, int K) {
+    const merge_smem m = merge_carve(base, N, K);
+    m.fs[0] = 0.0f;
+    m.fg[0] = -1;
 }
 
-/* Runs on the whole block; returns the number of draft nodes and leaves node i + 1 in rec[i + 1]
- * and the children lists in fc / ns. Rows must be sorted and no score above 0. Depth t (the
- * candidates of draft depth t, tree depth t + 1), four barriers:
+/* Runs on the whole block after merge_init and a barrier; returns the number of draft
+ * nodes and leaves node i + 1 in rec[i + 1] and the children lists in fc / ns. Rows must be
+ * sorted and no score above 0. Depth t (the candidates of draft depth t, tree depth t + 1), three
+ * barriers:
  *  1. lens: column k's survivors, a prefix of the frontier: finite, above G's N-th score when G
  *     is full, and fewer than N nodes provably before them (G up to the parent, and the (j + 1)
- *     (k + 1) - 1 candidates (j' <= j, k' <= k)).
- *  2. off: a scan of lens (every warp; warp 0 stores it); accumulators cleared.
- *  3. ranks: a candidate's position = its G predecessors (binary search on G's scores) + j + per
- *     other column l its predecessors there (binary search; (c, j, l) order); a G element's shift
- *     = per column the candidates with a higher score. One item per (candidate or G element,
- *     column), summed with shared atomics.
- *  4. scatter into the other buffer, positions >= N dropped; parents and previous siblings
+ *     (k + 1) - 1 candidates (j' <= j, k' <= k)). Then every warp scans lens in registers (off,
+ *     C); C = 0 ends the selection.
+ *  2. ranks, one thread per candidate or G element, no atomics: a candidate's position = its G
+ *     predecessors (binary search on G's scores) + j + per other column l its predecessors there
+ *     (binary search; (c, j, l) order); a G element's shift = per column the candidates with a
+ *     higher score. The searches of CH columns (and G) run in lockstep, for memory parallelism.
+ *  3. scatter into the other buffer, positions >= N dropped; parents and previous siblings
  *     remapped through the shifts; the survivors in rank order are the next frontier. */
+template <int CH>
 __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base, uint4 *rec, short *fc, short *ns) {
+    constexpr int T = 32 * kWarps;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const merge_smem m = merge_carve(base, N, K);
-    if (tid == 0) {
-        m.fs[0] = 0.0f;
-        m.fg[0] = -1;
-    }
+    const int top = K > 1 ? 1 << (31 - __clz(K - 1)) : 0; /* the column search's first step */
     int nG = 0, nF = 1, cur = 0;
-    __syncthreads();
     for (int t = 0; t < D && nF > 0; t++, cur ^= 1) {
         const float *x = sc + t * K;
         const float *gs = m.gs + cur * N, *fs = m.fs + cur * N;
@@ -239,7 +234,7 @@ __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base,
         const bool full = nG == N;
         const float theta = full ? gs[N - 1] : 0.0f;
 
-        /* 1. lens */
+        /* 1. lens (ctr[cur] was last read two depths ago) */
         for (int k = warp; k < K; k += kWarps) {
             const float xk = x[k];
             int len = 0;
@@ -259,9 +254,10 @@ __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base,
             }
             if (lane == 0) m.lens[k] = len;
         }
+        if (tid == 0) m.ctr[cur] = 0;
         __syncthreads();
 
-        /* 2. off, C; clear the accumulators */
+        /* off (exclusive scan, columns lane and lane + 32) and C, in every warp */
         int a = lane < K ? m.lens[lane] : 0, a2 = lane + 32 < K ? m.lens[lane + 32] : 0;
         const int la = a, la2 = a2;
         for (int o = 1; o < 32; o <<= 1) {
@@ -273,82 +269,118 @@ __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base,
         }
         a2 += __shfl_sync(kFull, a, 31);
         const int C = __shfl_sync(kFull, a2, 31);
+        if (C == 0) break; /* nothing joins: G is final (every thread, same C) */
+        const int offA = a - la, offB = a2 - la2;
         if (warp == 0) {
-            if (lane < K) m.off[lane] = a - la;
-            if (lane + 32 < K) m.off[lane + 32] = a2 - la2;
+            if (lane < K) m.off[lane] = offA;
+            if (lane + 32 < K) m.off[lane + 32] = offB;
         }
-        for (int f = tid; f < C; f += kThreads) m.cpos[f] = 0;
-        for (int g = tid; g < nG; g += kThreads) m.gsh[g] = 0;
-        if (tid == 0) *m.ctr = 0;
-        __syncthreads();
 
-        /* 3. ranks */
-        const int g0 = fg[0] + 1, M = nG - g0; /* G before the first frontier node never moves */
-        const int items = C ? K * (C + M) : 0;
-        for (int e = tid; e < items; e += kThreads) {
-            if (e < K * C) {
-                const int l = e / C, f = e - l * C;
-                const int k = column_of(m.off, K, f), j = f - m.off[k];
-                const float c = __fadd_rn(fs[j], x[k]);
-                int lo, hi;
-                if (l == k) { /* G elements with a score >= c (lower depth wins ties) */
-                    lo = fg[j] + 1;
-                    hi = nG;
-                    while (lo < hi) {
-                        const int mid = (lo + hi) >> 1;
-                        if (gs[mid] >= c) lo = mid + 1;
-                        else hi = mid;
+        /* 2. ranks: item e < C is candidate e, else G element e - C (those before the first
+         * frontier node never move: shift 0, no search) */
+        const int g0 = fg[0] + 1;
+        for (int e0 = warp * 32; e0 < C + nG; e0 += T) { /* warp-uniform: the shuffles below */
+            const int e = e0 + lane;
+            int k = 0, ok0 = 0; /* column of e: the last k with off[k] <= e (empty columns only trail) */
+            for (int step = top; step; step >>= 1) {
+                const int q = k + step;
+                const int v1 = __shfl_sync(kFull, offA, q & 31), v2 = K > 32 ? __shfl_sync(kFull, offB, q & 31) : 0;
+                const int v = q < 32 ? v1 : v2;
+                if (q < K && v <= e) {
+                    k = q;
+                    ok0 = v;
+                }
+            }
+            const int g = e - C;
+            if (e >= C + nG || (e >= C && g < g0)) {
+                if (e < C + nG) m.gsh[g] = 0;
+                continue;
+            }
+            /* A candidate (j, k, c), or G element g as j = -1, k = K, c = its score: then every
+             * column counts its candidates with a higher score. */
+            const bool cand = e < C;
+            const int j = cand ? e - ok0 : -1, kk = cand ? k : K;
+            const float c = cand ? __fadd_rn(fs[j], x[k]) : gs[g];
+            int glo = cand ? min(max(fg[j] + 1, 0), nG) : 0; /* G with a score >= c */
+            int glen = cand ? nG - glo : 0;
+            int sum = 0;
+            for (int l0 = 0; l0 < K; l0 += CH) {
+                int lo[CH], len[CH], mx = glen;
+                float xl[CH];
+                bool ge[CH];
+#pragma unroll
+                for (int i = 0; i < CH; i++) {
+                    const int l = l0 + i;
+                    lo[i] = len[i] = 0;
+                    xl[i] = 0.0f;
+                    ge[i] = l > kk; /* l > k: (c', j') precedes iff c' >= c (j' < j); l < k: c' > c */
+                    if (l < K && l != kk) {
+                        const int L = m.lens[l];
+                        lo[i] = l < kk ? j + 1 : 0; /* l < k: every j' <= j precedes; l > k: no j' >= j */
+                        len[i] = max((l < kk ? L : min(j, L)) - lo[i], 0);
+                        xl[i] = x[l];
                     }
-                    m.cq[f] = lo;
-                    lo += j; /* column k: exactly j before it */
-                } else { /* column l: (c', j') before (c, j) iff c' > c, or c' == c and j' < jt */
-                    const float xl = x[l];
-                    const int jt = j + (l < k);
-                    lo = l < k ? j + 1 : 0; /* l < k: every j' <= j is before; l > k: no j' >= j */
-                    hi = l < k ? m.lens[l] : min(j, m.lens[l]);
-                    while (lo < hi) {
-                        const int mid = (lo + hi) >> 1;
-                        const float cm = __fadd_rn(fs[mid], xl);
-                        if (cm > c || (cm == c && mid < jt)) lo = mid + 1;
-                        else hi = mid;
+                    mx = max(mx, len[i]);
+                }
+                for (; mx; mx >>= 1) { /* each range at least halves a round */
+#pragma unroll
+                    for (int i = 0; i < CH; i++)
+                        if (len[i]) {
+                            const int h = len[i] >> 1, mid = lo[i] + h;
+                            const float cm = __fadd_rn(fs[mid], xl[i]);
+                            if (cm > c || (ge[i] && cm == c)) {
+                                lo[i] = mid + 1;
+                                len[i] -= h + 1;
+                            } else {
+                                len[i] = h;
+                            }
+                        }
+                    if (glen) {
+                        const int h = glen >> 1, mid = glo + h;
+                        if (gs[mid] >= c) { /* ties: G has the lower depth */
+                            glo = mid + 1;
+                            glen -= h + 1;
+                        } else {
+                            glen = h;
+                        }
                     }
                 }
-                if (lo) atomicAdd(&m.cpos[f], lo);
+#pragma unroll
+                for (int i = 0; i < CH; i++) sum += lo[i];
+            }
+            if (cand) {
+                const int pos = glo + j + sum;
+                m.cpos[e] = pos;
+                m.cq[e] = glo | j << 11 | k << 22;
+                if (pos < N) atomicAdd(&m.ctr[cur], 1);
             } else {
-                const int e2 = e - K * C, l = e2 / M, g = g0 + e2 - l * M;
-                const float sy = gs[g], xl = x[l];
-                int lo = 0, hi = m.lens[l];
-                while (lo < hi) { /* candidates of column l with a score > G[g]'s */
-                    const int mid = (lo + hi) >> 1;
-                    if (__fadd_rn(fs[mid], xl) > sy) lo = mid + 1;
-                    else hi = mid;
-                }
-                if (lo) atomicAdd(&m.gsh[g], lo);
+                m.gsh[g] = sum;
             }
         }
         __syncthreads();
 
-        /* 4. scatter */
+        /* 3. scatter */
         float *gs_n = m.gs + (cur ^ 1) * N, *fs_n = m.fs + (cur ^ 1) * N;
         uint32_t *gm_n = m.gm + (cur ^ 1) * N;
         int32_t *gv_n = m.gv + (cur ^ 1) * N, *fg_n = m.fg + (cur ^ 1) * N;
-        for (int f = tid; f < C; f += kThreads) {
+        for (int f = tid; f < C; f += T) {
             const int pos = m.cpos[f];
             if (pos >= N) continue;
             /* Indices read from shared memory are clamped: harmless when the ranks are exact (always,
              * docs/perf/tree_build.md), and memory-safe whatever happens. */
-            const int k = column_of(m.off, K, f), j = f - m.off[k], gp = min(fg[j], N - 1), r = pos - m.cq[f];
+            const uint32_t q = (uint32_t)m.cq[f];
+            const int k = min((int)(q >> 22), K - 1), j = min((int)(q >> 11 & 2047u), N - 1);
+            const int gp = min(fg[j], N - 1), r = pos - (int)(q & 2047u);
             const float c = __fadd_rn(fs[j], x[k]);
             gs_n[pos] = c;
             gm_n[pos] = (uint32_t)(gp < 0 ? 0 : gp + m.gsh[gp] + 1) << 16 | (uint32_t)(t + 1) << 8 | (uint32_t)k;
-            gv_n[pos] = k ? m.cpos[m.off[k - 1] + j] : -1; /* (j, k - 1) precedes it: kept */
+            gv_n[pos] = k ? m.cpos[min(m.off[k - 1] + j, f)] : -1; /* (j, k - 1) precedes it: kept */
             if ((unsigned)r < (unsigned)N) {
                 fs_n[r] = c;
                 fg_n[r] = pos;
             }
-            atomicAdd(m.ctr, 1);
         }
-        for (int g = tid; g < nG; g += kThreads) {
+        for (int g = tid; g < nG; g += T) {
             const int np = g + m.gsh[g];
             if (np >= N) continue;
             const uint32_t mt = gm[g];
@@ -359,7 +391,7 @@ __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base,
         }
         nG = min(N, nG + C);
         __syncthreads();
-        nF = *m.ctr;
+        nF = m.ctr[cur];
     }
 
     /* Node i = G[i - 1]; children lists: the children of a node are its k = 0, 1, ... in index
@@ -368,7 +400,7 @@ __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base,
     const float *gs = m.gs + cur * N;
     const uint32_t *gm = m.gm + cur * N;
     const int32_t *gv = m.gv + cur * N;
-    for (int g = tid; g < nG; g += kThreads) {
+    for (int g = tid; g < nG; g += T) {
         const uint32_t mt = gm[g];
         const int par = min((int)(mt >> 16), g), k = (int)(mt & 63), i = g + 1, v = gv[g];
         rec[i] = make_uint4((mt >> 8 & 127u) << 17 | (uint32_t)par << 6 | (uint32_t)k, __float_as_uint(gs[g]), 0, 0);
@@ -381,8 +413,9 @@ __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base,
 /* Grid: one block per request. Dynamic shared memory: 20 Q + 4 (2 D + 1) K bytes: rec [Q],
  * scores [D + 1, K] (a zero pad row), tokens [D, K], first child and next sibling [Q]; then,
  * when `merge` (the launcher found room), merge_smem_bytes(N, K) for the merge path. */
-template <int R>
-__global__ void __launch_bounds__(kThreads) tree_build_kernel(kdt_tree_build_params p, int merge) {
+template <int R, int CH>
+__global__ void __launch_bounds__(32 * kWarps) tree_build_kernel(kdt_tree_build_params p, int merge) {
+    constexpr int T = 32 * kWarps;
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int n_nodes;
     const int b = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -392,24 +425,32 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(kdt_tree_build_par
     int32_t *tk = (int32_t *)(sc + (D + 1) * K); /* [D, K] its tokens */
     short *fc = (short *)(tk + D * K);           /* [Q] first child */
     short *ns = fc + Q;                          /* [Q] next sibling */
+    uint8_t *mbase = (uint8_t *)(ns + Q);        /* the merge path's arrays */
 
+    /* One global round trip: scores, tokens and each score's left neighbour are loaded together.
+     * The merge path needs log-probabilities in sorted rows (the SPEC's order: -inf and NaN only
+     * trail a row); anything else takes the sequential path. */
     const size_t bdk = (size_t)b * D * K;
     const int32_t seq = p.seq_len[b], root = p.root_token[b]; /* used at the end */
-    for (int i = tid; i < (D + 1) * K; i += kThreads) sc[i] = i < D * K ? p.scores[bdk + i] : 0.0f;
-    for (int i = tid; i < Q; i += kThreads) fc[i] = ns[i] = -1;
-    __syncthreads();
-    /* The merge path needs log-probabilities in sorted rows (the SPEC's order: -inf and NaN only
-     * trail a row); anything else takes the sequential path. */
     int other = 0;
-    for (int i = tid; i < D * K; i += kThreads)
-        other |= sc[i] > 0.0f || (i % K && !is_bottom(sc[i]) && (is_bottom(sc[i - 1]) || sc[i] > sc[i - 1]));
+    for (int i = tid; i < (D + 1) * K; i += T) {
+        float v = 0.0f;
+        if (i < D * K) {
+            v = p.scores[bdk + i];
+            tk[i] = p.tokens[bdk + i];
+            const float u = i % K ? p.scores[bdk + i - 1] : 0.0f;
+            other |= v > 0.0f || (i % K && !is_bottom(v) && (is_bottom(u) || v > u));
+        }
+        sc[i] = v;
+    }
+    for (int i = tid; i < Q; i += T) fc[i] = ns[i] = -1;
+    if (merge && tid == 0) merge_init(mbase, N, K);
     const bool use_merge = merge && !__syncthreads_or(other);
 
     uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
     if (use_merge) {
-        zero_bytes(mask, (size_t)Q * Q, tid, kThreads);
-        for (int i = tid; i < D * K; i += kThreads) tk[i] = p.tokens[bdk + i];
-        const int n = merge_select(sc, D, K, N, (uint8_t *)(ns + Q), rec, fc, ns);
+        zero_bytes(mask, (size_t)Q * Q, tid, T);
+        const int n = merge_select<CH>(sc, D, K, N, mbase, rec, fc, ns);
         if (tid == 0) n_nodes = n;
     } else {
         /* Rotating the selecting warp spreads it over the SM's schedulers when blocks share an SM. */
@@ -418,16 +459,14 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(kdt_tree_build_par
             const int n = select_nodes<R>(sc, D, K, N, lane, rec, fc, ns);
             if (lane == 0) n_nodes = n;
         } else {
-            const int h = tid - (warp > sel ? 32 : 0); /* 0 .. kThreads - 33 among the helper warps */
-            zero_bytes(mask, (size_t)Q * Q, h, kThreads - 32);
-            for (int i = h; i < D * K; i += kThreads - 32) tk[i] = p.tokens[bdk + i];
+            zero_bytes(mask, (size_t)Q * Q, tid - (warp > sel ? 32 : 0), T - 32); /* the helper warps */
         }
     }
     __syncthreads(); /* orders the zeroes before the ones below */
 
     const int n = n_nodes;
     const size_t o = (size_t)b * Q;
-    for (int i = tid; i < Q; i += kThreads) {
+    for (int i = tid; i < Q; i += T) {
         int32_t tok = root, par = -1, dep = 0, cand = -1, pos = seq, f = fc[i], s = -1;
         float score = 0.0f;
         if (i > n) {
@@ -464,16 +503,27 @@ constexpr size_t kMaxSmem = 200 * 1024;
 
 size_t base_smem(int D, int K, int N) { return (size_t)20 * (N + 1) + (size_t)4 * (2 * D + 1) * K; }
 
-template <int R>
+template <int R, int CH>
 kdt_status launch(const kdt_tree_build_params *p, cudaStream_t stream) {
     const size_t base = base_smem(p->D, p->K, p->budget), full = base + merge_smem_bytes(p->budget, p->K);
     const int merge = full <= kMaxSmem;
     const size_t smem = merge ? full : base;
     if (smem > 48 * 1024) /* the default limit is 48 KB */
-        KDT_CUDA_CHECK(cudaFuncSetAttribute(tree_build_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    tree_build_kernel<R><<<p->B, kThreads, smem, stream>>>(*p, merge);
+        KDT_CUDA_CHECK(cudaFuncSetAttribute(tree_build_kernel<R, CH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    tree_build_kernel<R, CH><<<p->B, 32 * kWarps, smem, stream>>>(*p, merge);
     KDT_CUDA_CHECK_LAUNCH("tree_build");
     return KDT_OK;
+}
+
+/* CH = 4 searches in lockstep is the fastest while each request has an SM to itself; beyond
+ * that, CH = 2 (64 registers, two blocks an SM, where CH = 4's 72 allow one). Measured on the H200:
+ * docs/perf/tree_build.md. */
+template <int R>
+kdt_status launch_ch(const kdt_tree_build_params *p, cudaStream_t s) {
+    int dev = 0, sms = 0;
+    KDT_CUDA_CHECK(cudaGetDevice(&dev));
+    KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return p->B <= sms ? launch<R, 4>(p, s) : launch<R, 2>(p, s);
 }
 
 } // namespace
@@ -486,10 +536,10 @@ extern "C" int kdt_tree_build_cuda_merge_shape(int D, int K, int N) {
 extern "C" kdt_status kdt_tree_build_cuda(const kdt_tree_build_params *p, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     const int N = p->budget;
-    if (N <= 32) return launch<1>(p, s);
-    if (N <= 64) return launch<2>(p, s);
-    if (N <= 128) return launch<4>(p, s);
-    if (N <= 256) return launch<8>(p, s);
-    if (N <= 512) return launch<16>(p, s);
-    return launch<32>(p, s);
+    if (N <= 32) return launch_ch<1>(p, s);
+    if (N <= 64) return launch_ch<2>(p, s);
+    if (N <= 128) return launch_ch<4>(p, s);
+    if (N <= 256) return launch_ch<8>(p, s);
+    if (N <= 512) return launch_ch<16>(p, s);
+    return launch_ch<32>(p, s);
 }
