@@ -60,6 +60,12 @@ if has sanitize; then
         KDT_TEST_DATA="$BUILD/data" step "sanitize_$n" 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$t"
         grep -E 'ERROR SUMMARY|^FAIL' "$LOGS/sanitize_$n.log" | head -5
     done
+    for t in "$BUILD"/tests/test_verify_attn "$BUILD"/tests/test_tree_build; do
+        [ -x "$t" ] || continue
+        n=$(basename "$t")
+        KDT_TEST_DATA="$BUILD/data" step "racecheck_$n" 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$t"
+        grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^FAIL' "$LOGS/racecheck_$n.log" | head -5
+    done
 fi
 
 if has bench; then
