@@ -14,7 +14,6 @@
  *   host-to-device copy of all ten outputs, synchronized; pinned host buffers; host clock,
  *   median of at least 7 runs (up to 101, about 0.3 s per shape).
  * Before timing, every output of the kernel is compared byte for byte with the CPU's. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,55 +21,14 @@
 
 #include <cuda_runtime.h>
 
+#include "bench_common.h"
 #include "kdt/ops.h"
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "bench_tree_build: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
-                    cudaGetErrorString(e_));                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define KCK(call)                                                                                  \
-    do {                                                                                           \
-        kdt_status s_ = (call);                                                                    \
-        if (s_ != KDT_OK) {                                                                        \
-            fprintf(stderr, "bench_tree_build: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
-                    kdt_last_error());                                                             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static FILE *g_out;
 static int g_iters = 200, g_batches = 11;
 
-/* Prints to stdout and to --out. */
-static void emit(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (g_out) {
-        va_start(ap, fmt);
-        vfprintf(g_out, fmt, ap);
-        va_end(ap);
-    }
-}
-
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)((z ^ (z >> 31)) >> 32);
-}
-
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
+static uint32_t rnd(void) { return (uint32_t)(bench_splitmix64(&g_rng) >> 32); }
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -147,8 +105,6 @@ static void fill_inputs(const kdt_tree_build_params *h, int positive) {
     }
 }
 
-typedef void (*launch_fn)(void *ctx, cudaStream_t s);
-
 static void launch_tree_build(void *ctx, cudaStream_t s) {
     KCK(kdt_tree_build((const kdt_tree_build_params *)ctx, KDT_BACKEND_CUDA, s));
 }
@@ -159,40 +115,6 @@ static void launch_empty(void *ctx, cudaStream_t s) {
     (void)ctx;
     empty_kernel<<<1, 32, 0, s>>>();
     CK(cudaPeekAtLastError());
-}
-
-/* Median over g_batches of (time of g_iters launches) / g_iters, microseconds; graph != 0
- * times the g_iters launches captured in one CUDA graph. */
-static float time_launches(launch_fn fn, void *ctx, cudaStream_t s, int graph) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    cudaGraphExec_t exec = NULL;
-    if (graph) {
-        cudaGraph_t g;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < g_iters; i++) fn(ctx, s);
-        CK(cudaStreamEndCapture(s, &g));
-        CK(cudaGraphInstantiate(&exec, g, 0));
-        CK(cudaGraphDestroy(g));
-    }
-    float t[64];
-    for (int k = -1; k < g_batches; k++) { /* k = -1 warms up */
-        CK(cudaEventRecord(e0, s));
-        if (graph) CK(cudaGraphLaunch(exec, s));
-        else
-            for (int i = 0; i < g_iters; i++) fn(ctx, s);
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (k >= 0) t[k] = ms * 1000.0f / g_iters;
-    }
-    if (exec) CK(cudaGraphExecDestroy(exec));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    qsort(t, g_batches, sizeof t[0], cmp_float);
-    return t[g_batches / 2];
 }
 
 /* One CPU-path run: inputs device -> host, the C heap, outputs host -> device. Seconds. */
@@ -272,40 +194,27 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (g_iters < 1 || g_batches < 1 || g_batches > 64) {
+    if (g_iters < 1 || g_batches < 1 || g_batches > BENCH_MAX_BATCHES) {
         fprintf(stderr, "bench_tree_build: --iters must be >= 1 and --batches 1 .. 64\n");
         return 2;
     }
-    if (!kdt_cuda_available()) {
-        fprintf(stderr, "bench_tree_build: no CUDA device\n");
-        return 1;
-    }
-    if (out_path && !(g_out = fopen(out_path, "w"))) {
-        fprintf(stderr, "bench_tree_build: cannot write %s\n", out_path);
-        return 1;
-    }
+    if (bench_open("bench_tree_build", out_path, &g_out)) return 1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    char date[64], cmd[1024] = "";
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
-    for (int i = 0, n = 0; i < argc && n < (int)sizeof cmd - 1; i++)
-        n += snprintf(cmd + n, sizeof cmd - n, "%s%s", i ? " " : "", argv[i]);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
-    emit("# bench_tree_build\n\n- GPU: %s (%d SMs)\n- date: %s\n- command: `%s`\n", prop.name,
-         prop.multiProcessorCount, date, cmd);
-    emit("- kernel: average of %d back-to-back launches between two events, median of %d batches (\"graph\": "
+    bench_report_header(g_out, "bench_tree_build", &prop, argc, argv);
+    bench_emit(g_out, "- kernel: average of %d back-to-back launches between two events, median of %d batches (\"graph\": "
          "the same launches in one CUDA graph); cpu: D2H inputs + C heap (kdt_tree_build, KDT_BACKEND_CPU) + "
          "H2D of all outputs, pinned memory, host clock, median; microseconds\n- floor: bytes read and "
          "written / 4.1 TB/s\n\n",
          g_iters, g_batches);
-    emit("| kernel | stream us | graph us |\n|---|---|---|\n| empty | %.2f | %.2f |\n\n",
-         time_launches(launch_empty, NULL, s, 0), time_launches(launch_empty, NULL, s, 1));
-    emit("path: requests on the kernel's merge path (log-probabilities) / on its sequential path (rows "
+    bench_emit(g_out, "| kernel | stream us | graph us |\n|---|---|---|\n| empty | %.2f | %.2f |\n\n",
+         bench_time_launches(launch_empty, NULL, s, 0, g_iters, g_batches), bench_time_launches(launch_empty, NULL, s, 1, g_iters, g_batches));
+    bench_emit(g_out, "path: requests on the kernel's merge path (log-probabilities) / on its sequential path (rows "
          "with a positive score, second half of the table)\n\n");
-    emit("| B | D | K | N | path merge/seq | nodes/req | kernel us | graph us | floor us | cpu+copies us | cpu / kernel | check |\n"
+    bench_emit(g_out, "| B | D | K | N | path merge/seq | nodes/req | kernel us | graph us | floor us | cpu+copies us | cpu / kernel | check |\n"
          "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     int failures = 0;
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
@@ -338,14 +247,15 @@ int main(int argc, char **argv) {
         double nodes = 0, bytes = 2.0 * bdk4 + 2.0 * b4 + 4;
         for (int b = 0; b < d.B; b++) nodes += h.num_nodes[b];
         for (int i = 0; i < 10; i++) bytes += od.bytes[i];
-        const float tk = time_launches(launch_tree_build, &d, s, 0), tg = time_launches(launch_tree_build, &d, s, 1);
+        const float tk = bench_time_launches(launch_tree_build, &d, s, 0, g_iters, g_batches),
+                    tg = bench_time_launches(launch_tree_build, &d, s, 1, g_iters, g_batches);
         const double tc = time_cpu_path(&d, &h, s);
-        emit("| %d | %d | %d | %d | %d/%d | %.1f | %.2f | %.2f | %.3f | %.1f | %.1fx | %s%s |\n", d.B, d.D, d.K,
+        bench_emit(g_out, "| %d | %d | %d | %d | %d/%d | %.1f | %.2f | %.2f | %.3f | %.1f | %.1fx | %s%s |\n", d.B, d.D, d.K,
              d.budget, nm, d.B - nm, nodes / d.B, tk, tg, bytes / 4.1e12 * 1e6, tc, tc / tk, diff ? "MISMATCH " : "ok", diff ? diff : "");
         free_params(&d, 1);
         free_params(&h, 0);
     }
-    emit("\n%s\n", failures ? "RESULT: MISMATCH against the CPU backend" : "RESULT: all outputs equal the CPU backend");
+    bench_emit(g_out, "\n%s\n", failures ? "RESULT: MISMATCH against the CPU backend" : "RESULT: all outputs equal the CPU backend");
     if (g_out) fclose(g_out);
     CK(cudaStreamDestroy(s));
     return failures ? 1 : 0;

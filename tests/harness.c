@@ -133,6 +133,17 @@ int kt_compare_exact(const kdt_kdtr *got, const kdt_kdtr *bundle, const char *na
     return 1;
 }
 
+int kt_compare_outputs(const kdt_kdtr *got, const kdt_kdtr *bundle, const char *const *outputs, size_t n,
+                       char *msg, size_t cap) {
+    if (kdt_kdtr_count(got) != n) {
+        snprintf(msg, cap, "%u outputs, expected %zu", kdt_kdtr_count(got), n);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!kt_compare_exact(got, bundle, outputs[i], msg, cap)) return 0;
+    return 1;
+}
+
 static double load(const kdt_tensor_view *v, uint64_t i) {
     switch (v->dtype) {
     case KDT_F32: return ((const float *)v->data)[i];

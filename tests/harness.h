@@ -35,6 +35,11 @@ kdt_status kt_run_op(const char *op, const kdt_kdtr *in, kdt_backend backend, kd
  * shape and bytes. On mismatch writes where (flat index, got, expected) into msg. */
 int kt_compare_exact(const kdt_kdtr *got, const kdt_kdtr *bundle, const char *name, char *msg, size_t cap);
 
+/* kt_compare_exact for every name of outputs[0 .. n), and no output beyond them: 1 when all
+ * match, else 0 with the first difference in msg. */
+int kt_compare_outputs(const kdt_kdtr *got, const kdt_kdtr *bundle, const char *const *outputs, size_t n,
+                       char *msg, size_t cap);
+
 /* Float comparison statistics of output `name` (f32 or bf16) against `expected.name` (f32 or f64). */
 typedef struct kt_err {
     double max_abs, max_rel, rel_l2, ref_max_abs;

@@ -25,9 +25,7 @@ static void check_bundle(const char *path, kdt_backend be) {
         kt_fail("%s [%s]  %s: %s", name, kdt_backend_name(be), kdt_status_name(s), kdt_last_error());
     } else {
         char msg[256] = "";
-        int ok = 1;
-        for (size_t i = 0; ok && i < sizeof outputs / sizeof outputs[0]; i++)
-            ok = kt_compare_exact(got, in, outputs[i], msg, sizeof msg);
+        int ok = kt_compare_outputs(got, in, outputs, sizeof outputs / sizeof outputs[0], msg, sizeof msg);
         kt_check(ok, "%s [%s]  B=%llu Q=%llu%s%s", name, kdt_backend_name(be), (unsigned long long)tok.dims[0],
                  (unsigned long long)tok.dims[1], ok ? "" : "  ", msg);
     }

@@ -19,18 +19,6 @@ static const char *const outputs[] = {"num_nodes", "node_token", "node_parent", 
                                       "node_score", "positions", "tree_mask", "first_child", "next_sibling"};
 #define N_OUTPUTS (sizeof outputs / sizeof outputs[0])
 
-/* Runs the op on `in` and compares every output with `want` (a bundle's expected.* tensors, or
- * another run's outputs renamed). Returns 1 when all match; msg says the first difference. */
-static int compare_all(const kdt_kdtr *got, const kdt_kdtr *want, char *msg, size_t cap) {
-    if (kdt_kdtr_count(got) != N_OUTPUTS) {
-        snprintf(msg, cap, "%u outputs, expected %zu", kdt_kdtr_count(got), N_OUTPUTS);
-        return 0;
-    }
-    for (size_t i = 0; i < N_OUTPUTS; i++)
-        if (!kt_compare_exact(got, want, outputs[i], msg, cap)) return 0;
-    return 1;
-}
-
 static void check_good(const char *name, const kdt_kdtr *in, kdt_backend be) {
     kdt_tensor_view sc;
     int32_t budget = 0;
@@ -43,7 +31,7 @@ static void check_good(const char *name, const kdt_kdtr *in, kdt_backend be) {
         return;
     }
     char msg[300] = "";
-    int ok = compare_all(got, in, msg, sizeof msg);
+    int ok = kt_compare_outputs(got, in, outputs, N_OUTPUTS, msg, sizeof msg);
     kt_check(ok, "%s [%s]  B=%llu D=%llu K=%llu budget=%d%s%s", name, kdt_backend_name(be),
              (unsigned long long)sc.dims[0], (unsigned long long)sc.dims[1], (unsigned long long)sc.dims[2],
              budget, ok ? "" : "  ", msg);
@@ -242,7 +230,7 @@ static void check_random_cuda_vs_cpu(uint64_t seed) {
         char msg[300] = "";
         if (s != KDT_OK) kt_fail("%s [cuda vs cpu]  %s: %s", what, kdt_status_name(s), kdt_last_error());
         else {
-            int ok = compare_all(gpu, want, msg, sizeof msg);
+            int ok = kt_compare_outputs(gpu, want, outputs, N_OUTPUTS, msg, sizeof msg);
             kt_check(ok, "%s [cuda vs cpu]%s%s", what, ok ? "" : "  ", msg);
         }
         kdt_kdtr_close(gpu);
