@@ -10,8 +10,24 @@ rope_parameters, experts fused in model.safetensors), plus expected.kdtr:
   prompt i32 [P], continuation i32 [32] (greedy), logits f32 [P + 32, vocab]: transformers'
   f32 logits of every row of prompt + continuation in one forward.
 Weights are drawn with a fixed seed and scaled up from transformers' init so that logits are
-far from flat; e_score_correction_bias is random. Every hub folder is read back with
-from_pretrained and must give the same logits, so the files say what the model computed.
+far from flat. Every hub folder is read back with from_pretrained and must give the same logits,
+so the files say what the model computed.
+
+Router margins. The router keeps the top k experts, a discontinuous choice: where two biased
+scores (or two group scores) are within bf16 noise, the CUDA bf16 path picks another expert and
+that row's logits move by tens of percent, so the fixtures would test luck, not the code. Tiny
+random routers are full of such near-ties, so here the router's weights are scaled up (spread
+scores) and e_score_correction_bias takes well-separated values (a shuffled ladder), and every
+fixture is checked on every row of prompt + continuation and every MoE layer, through hooks on
+transformers' own router: the k-th best biased score of the kept groups beats the next by
+>= ROUTER_MARGIN, and the topk_group-th group score beats the next by as much. A model and
+prompt that fail are re-drawn (the next seed). ROUTER_MARGIN = 0.05 in score units (sigmoid
+scores lie in (0, 1)): running the same model entirely in bf16 (torch, every weight and
+activation bf16, noisier than the CUDA path, which keeps the residual stream and the router in
+f32) moves biased scores by about 2e-3 (median) to 3e-2 (worst), so 0.05 is clear of the worst
+seen; that all-bf16 model must also pick the very same experts on every row, checked too. Each
+greedy step must win by >= LOGIT_GAP times its row's logit standard deviation (bf16 moves
+logits by about 1e-2 relative).
 
 The fixtures exercise: q_lora_rank set / null, YaRN with mscale != mscale_all_dim, default rope,
 first_k_dense_replace 0 / 1, moe_layer_freq 2 (transformers ignores the field, so the model's
@@ -20,6 +36,7 @@ topk_group 2) and one group, norm_topk_prob true / false, tied embeddings, a sha
 bf16 weights, rope_interleave false, and the fused layout.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -42,6 +59,13 @@ except ImportError as e:  # the CI machine has neither; the fixtures are committ
 
 PROMPT_LEN = 8
 NEW_TOKENS = 32
+GATE_SCALE = 3.0      # router weights times this: router logits of standard deviation ~3
+BIAS_STEP = 0.35      # e_score_correction_bias: a shuffled ladder of this step
+ROUTER_MARGIN = 0.05  # see the top of this file
+LOGIT_GAP = 0.05      # top-2 logit gap of each greedy step, in units of its row's std
+MIN_DISTINCT = 8      # distinct tokens in the continuation: no model stuck on one token
+MAX_TRIES = 2000      # models tried
+PROMPT_TRIES = 64     # prompts tried per model
 
 BASE = dict(
     architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
@@ -98,11 +122,14 @@ def build(cfg, seed):
                 p.copy_(torch.randn(p.shape, generator=gen))
             elif name == "lm_head.weight":
                 p.copy_(torch.randn(p.shape, generator=gen) * 2.0 / math.sqrt(p.shape[-1]))
+            elif name.endswith("mlp.gate.weight"):  # spread router scores (see the top)
+                p.copy_(torch.randn(p.shape, generator=gen) * GATE_SCALE / math.sqrt(p.shape[-1]))
             else:  # [.., out, in] projections: unit-variance outputs
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
         for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+            if name.endswith("e_score_correction_bias"):  # well-separated, centred
+                n = b.shape[0]
+                b.copy_(BIAS_STEP * (torch.randperm(n, generator=gen).float() - (n - 1) / 2))
     if cfg["tie_word_embeddings"]:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
@@ -149,38 +176,121 @@ def save_hub(state, cfg, path, how):
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
-def greedy(model, prompt):
-    """Greedy continuation by full forwards, and the f32 logits of every row."""
+def router_hooks(model, cfg, out):
+    """Hooks on transformers' routers that append, per MoE layer call, (layer, biased scores
+    [rows, E], chosen experts [rows, k]); returns the handles."""
+    hooks = []
+    for layer, dec in enumerate(model.model.layers):
+        gate = getattr(dec.mlp, "gate", None)
+        if gate is None:
+            continue
+
+        def hook(mod, inputs, output, layer=layer):
+            router_logits, _, topk_indices = output
+            biased = router_logits.float().sigmoid() + mod.e_score_correction_bias.float()
+            out.append((layer, biased.detach(), topk_indices.detach().sort(dim=-1)[0]))
+        hooks.append(gate.register_forward_hook(hook))
+    return hooks
+
+
+def router_margin(cfg, biased):
+    """Per row, the smaller of the group gap (topk_group-th vs next group score) and the expert
+    gap (k-th vs next biased score among the kept groups); biased [rows, E]."""
+    E, G, TG, K = cfg["n_routed_experts"], cfg["n_group"], cfg["topk_group"], cfg["num_experts_per_tok"]
+    per_group = biased.view(-1, G, E // G)
+    group_scores = per_group.topk(2, dim=-1)[0].sum(dim=-1)
+    g = group_scores.sort(dim=-1, descending=True)[0]
+    group_gap = g[:, TG - 1] - g[:, TG] if TG < G else torch.full((biased.shape[0],), math.inf)
+    kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(TG, dim=-1)[1], 1)
+    cand = biased.masked_fill(kept.repeat_interleave(E // G, dim=1) == 0, -math.inf)
+    c = cand.sort(dim=-1, descending=True)[0]
+    expert_gap = c[:, K - 1] - c[:, K] if K < c.shape[1] else torch.full((biased.shape[0],), math.inf)
+    return torch.minimum(group_gap, expert_gap)
+
+
+def greedy(model, prompt, cfg):
+    """Greedy continuation by full forwards, and the f32 logits of every row; None as soon as a
+    row meets a router near-tie or a greedy step a logit near-tie."""
     ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
-            ids.append(int(torch.argmax(logits)))
-        logits = model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+    records = []
+    hooks = router_hooks(model, cfg, records)
+    try:
+        with torch.no_grad():
+            for step in range(NEW_TOKENS + 1):
+                records.clear()
+                logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+                if any(router_margin(cfg, b).min() < ROUTER_MARGIN for _, b, _ in records):
+                    return None
+                if step == NEW_TOKENS:
+                    break
+                last = logits[-1]
+                top2 = last.topk(2)[0]
+                if top2[0] - top2[1] < LOGIT_GAP * last.std():
+                    return None
+                ids.append(int(torch.argmax(last)))
+    finally:
+        for h in hooks:
+            h.remove()
+    logits = logits.numpy()
     cont = np.array(ids[len(prompt):], np.int32)
-    # Each greedy step must be decided by a clear margin, or the C side could differ by rounding.
-    for i in range(NEW_TOKENS):
-        row = np.sort(logits[len(prompt) - 1 + i])
-        if row[-1] - row[-2] < 1e-3:
-            raise RuntimeError(f"near-tie at step {i} ({row[-1] - row[-2]:.2e}): pick another seed")
+    if len(set(cont.tolist())) < MIN_DISTINCT:
+        return None
     assert (np.argmax(logits[len(prompt) - 1:-1], axis=1) == cont).all()
-    return cont, logits
+    return cont, logits, records
+
+
+def same_choices_in_bf16(model, cfg, ids, records):
+    """The model run entirely in bf16 picks the same experts on every row and layer as in f32;
+    also returns the largest move of a biased score."""
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    got = []
+    hooks = router_hooks(low, cfg, got)
+    with torch.no_grad():
+        low(input_ids=torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    same = all(torch.equal(a[2], b[2]) for a, b in zip(records, got))
+    return same, max(float((a[1] - b[1]).abs().max()) for a, b in zip(records, got))
+
+
+def draw(cfg, how, seed):
+    """A model and prompt whose prompt + greedy continuation pass the margin checks (the top of
+    this file), trying seed, seed + 1, ...; returns (model, prompt, continuation, logits)."""
+    for attempt in range(MAX_TRIES):
+        s = seed + attempt
+        model = build(cfg, s)
+        if how == "bf16":  # the reference computes in f32 from the bf16-rounded weights
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.to(torch.bfloat16).float())
+        rng = np.random.default_rng(s)
+        for _ in range(PROMPT_TRIES):
+            prompt = rng.integers(2, cfg["vocab_size"], PROMPT_LEN).astype(np.int32)
+            got = greedy(model, prompt, cfg)
+            if got is not None:
+                break
+        if got is None:
+            continue
+        cont, logits, records = got
+        same, moved = same_choices_in_bf16(model, cfg, list(prompt) + list(cont), records)
+        if not same:
+            continue
+        margin = min(float(router_margin(cfg, b).min()) for _, b, _ in records) if records else math.inf
+        gaps = [np.diff(np.sort(logits[len(prompt) - 1 + i])[-2:])[0] / logits[len(prompt) - 1 + i].std()
+                for i in range(NEW_TOKENS)]
+        print(f"  seed {s} ({attempt + 1} tries): router margin {margin:.3f} (all-bf16 moves scores <= "
+              f"{moved:.1e}), greedy gap >= {min(gaps):.3f} row std")
+        return model, prompt, cont, logits
+    raise RuntimeError(f"no seed in [{seed}, {seed + MAX_TRIES}) passes the margin checks")
 
 
 def make(name, changes, how, out, seed):
     cfg = dict(BASE)
     cfg.update(changes)
     path = os.path.join(out, name)
+    model, prompt, cont, logits = draw(cfg, how, seed)
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
-    model = build(cfg, seed)
-    if how == "bf16":  # the reference computes in f32 from the bf16-rounded weights
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(p.to(torch.bfloat16).float())
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(2, cfg["vocab_size"], PROMPT_LEN).astype(np.int32)
-    cont, logits = greedy(model, prompt)
 
     if how == "tf5":  # transformers' own config form, experts fused as the model holds them
         model.save_pretrained(path)
@@ -215,7 +325,7 @@ def main():
     for i, (name, (changes, how)) in enumerate(FIXTURES.items()):
         if args.only and name != args.only:
             continue
-        make(name, changes, how, args.out, args.seed + 100 * i)
+        make(name, changes, how, args.out, args.seed + 10000 * i)
 
 
 if __name__ == "__main__":
