@@ -502,6 +502,7 @@ int main(int argc, char **argv) {
         {"parts_7", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 7},
         {"parts_40", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 40},
         {"parts_150_empty_parts", 5, 16, 9, 9, 300, 64, 2.f, kimi, 1, 0, 150}, /* more parts than work: some empty */
+        {"parts_48_one_request", 1, 16, 9, 3000, 3000, 64, 2.f, kimi, 1, 0, 48}, /* > 32 parts merged into one row */
         {"long_h64_q33_p8192", 1, 64, 33, 8192, 8192, 64, 2.f, kimi, 0, 8, 0},
         {"long_h16_q17_p8192_contig", 2, 16, 17, 8000, 8192, 0, 2.f, kimi, 1, 8, 0},
         {"long_h8_q9_p16384", 4, 8, 9, 12000, 16384, 64, 2.f, kimi, 1, 8, 0},

@@ -53,7 +53,7 @@ constexpr int kBN = 64;            /* keys per tile */
 constexpr int kThreads = 256;
 constexpr int kChunks = kDqk / 8;  /* 16-byte chunks per key row: 72 */
 constexpr int kOverhead = 2;       /* a segment's fixed cost (Q load, epilogue) in key tiles */
-constexpr int kStride = kDv + 8;   /* staging row stride in elements (f32 or bf16) */
+constexpr int kStride = kDv + 8;   /* output staging row stride in bf16 elements */
 constexpr uint32_t kColBlock = kBM * 128;        /* one 64-dim column block of a 64-row tile */
 constexpr uint32_t kTileBytes = kBM * kDqk * 2;  /* 73728 */
 
@@ -66,7 +66,7 @@ constexpr uint32_t kOffM = kOffScale + kBM * 4;         /* float[64]: row max (l
 constexpr uint32_t kOffL = kOffM + kBM * 4;             /* float[64]: row sum */
 constexpr uint32_t kOffSched = kOffL + kBM * 4;         /* long long[8] + long long + int */
 constexpr uint32_t kSmemBytes = kOffSched + 128 + 1024; /* + alignment slack */
-static_assert(kBM * kStride * 4 <= 2 * kTileBytes, "f32 staging must fit the key buffers");
+static_assert(kBM * kStride * 2 <= 2 * kTileBytes, "the output staging must fit the key buffers");
 
 struct Args {
     CUtensorMap tm_q;           /* variant 5: q as [B * rows, 576]; boxes [64 rows, 64 dims], 128B swizzle */
@@ -80,7 +80,7 @@ struct Args {
     const uint8_t *tree_mask;   /* [B, Q, Q] */
     bf16 *o;                    /* [B, Q, H, 512] */
     float *lse;                 /* [B, Q, H] */
-    float *o_part;              /* [2 * parts, Q * H, 512] normalized partials of split requests */
+    bf16 *o_part;               /* [2 * parts, Q * H, 512] normalized partials of split requests */
     float *lse_part;            /* [2 * parts, Q * H] */
     long long L;                /* contiguous: key rows per request */
     int NB, BS, MB;
@@ -302,47 +302,31 @@ __device__ __forceinline__ void softmax_tile(float (&s)[32], RowState &st, float
     }
 }
 
-/* ---- the end of a segment: O / l to o (bf16) or to the partials (f32, slot >= 0), and lse ---- */
+/* ---- the end of a segment: O / l to o or to the partials (slot >= 0), both bf16, and lse ---- */
 
 /* o: this thread's accumulator (the m64n256 layout of warpgroup tid / 128); l0, l1: the row sums of
  * its rows r0, r1; l_row: the sum of row tid (tid < 64); s_m: the row maxima (log2 units). Stages
- * through the key buffers, which must be free; ends with every thread's reads of them done. */
+ * through the key buffers, which must be free; ends with every thread's reads of them done.
+ * Partials are bf16 like o: writing them and reading them back in the combine is what a split
+ * costs on small shapes (docs/perf/verify_attn_sm90.md), and their rounding is the output's. */
 __device__ __forceinline__ void write_tile(const Args &a, uint8_t *smem, const float (&o)[128], float l0, float l1,
                                            float l_row, const float *s_m, int b, int m0, int rows_valid, int slot) {
     const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128, t4 = lane & 3;
     const int r0 = 16 * ((tid >> 5) & 3) + (lane >> 2), r1 = r0 + 8;
     const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f; /* no key seen: o = 0 */
     const int d0 = 256 * wg + 2 * t4;
-    if (slot < 0) {
-        bf16 *stage = (bf16 *)(smem + kOffK);
+    bf16 *stage = (bf16 *)(smem + kOffK);
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            *(__nv_bfloat162 *)(stage + r0 * kStride + d0 + 8 * j) = __floats2bfloat162_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-            *(__nv_bfloat162 *)(stage + r1 * kStride + d0 + 8 * j) =
-                __floats2bfloat162_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
-        }
-    } else {
-        float *stage = (float *)(smem + kOffK);
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            *(float2 *)(stage + r0 * kStride + d0 + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-            *(float2 *)(stage + r1 * kStride + d0 + 8 * j) = make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
-        }
+    for (int j = 0; j < 32; j++) {
+        *(__nv_bfloat162 *)(stage + r0 * kStride + d0 + 8 * j) = __floats2bfloat162_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+        *(__nv_bfloat162 *)(stage + r1 * kStride + d0 + 8 * j) = __floats2bfloat162_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
     }
     __syncthreads();
     const long long row0 = (slot < 0 ? (long long)b : (long long)slot) * a.rows + m0; /* first row of the tile in o / o_part */
-    if (slot < 0) {
-        const bf16 *stage = (const bf16 *)(smem + kOffK);
-        for (int i = tid; i < rows_valid * (kDv / 8); i += kThreads) {
-            const int r = i / (kDv / 8), c = i % (kDv / 8);
-            *(uint4 *)(a.o + (row0 + r) * kDv + 8 * c) = *(const uint4 *)(stage + r * kStride + 8 * c);
-        }
-    } else {
-        const float *stage = (const float *)(smem + kOffK);
-        for (int i = tid; i < rows_valid * (kDv / 4); i += kThreads) {
-            const int r = i / (kDv / 4), c = i % (kDv / 4);
-            *(float4 *)(a.o_part + (row0 + r) * kDv + 4 * c) = *(const float4 *)(stage + r * kStride + 4 * c);
-        }
+    bf16 *dst = slot < 0 ? a.o : a.o_part;
+    for (int i = tid; i < rows_valid * (kDv / 8); i += kThreads) {
+        const int r = i / (kDv / 8), c = i % (kDv / 8);
+        *(uint4 *)(dst + (row0 + r) * kDv + 8 * c) = *(const uint4 *)(stage + r * kStride + 8 * c);
     }
     if (tid < rows_valid) {
         const float v = l_row > 0.f ? s_m[tid] * 0.69314718055994531f + logf(l_row) : -INFINITY;
@@ -938,7 +922,6 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
     }
     /* Let the combine kernel (programmatic dependent launch) start as soon as every CTA runs. */
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-
     const int mt = blockIdx.x, part = blockIdx.y, P = a.parts;
     long long W = 0, s_p = 0, e_p = LLONG_MAX, wb = 0; /* wb: position of request b */
     int b = 0;
@@ -985,7 +968,22 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
     }
 }
 
-/* Merges the partials of split requests: one warp per row, 16 dims per lane. */
+/* Merges the partials of split requests: one warp per row, 16 dims per lane. Latency-bound (the
+ * partials are in L2): the partials of up to kCombineParts parts are loaded before the LSEs are
+ * even read (the loads do not depend on the weights), so a row costs about one L2 round trip.
+ * The sums run in part order. */
+
+__device__ __forceinline__ void add_bf16x8(float (&acc)[8], float w, uint4 v) {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&u[i]);
+        acc[2 * i] = fmaf(w, f.x, acc[2 * i]);
+        acc[2 * i + 1] = fmaf(w, f.y, acc[2 * i + 1]);
+    }
+}
+
+template <int kCombineParts> /* parts loaded at once; divides 32: a chunk of 32 slots holds whole load groups */
 __global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constant__ Args a) {
     __shared__ long long warp_sums[kThreads / 32];
     const int b = blockIdx.y, P = a.parts;
@@ -997,38 +995,67 @@ __global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constan
     asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the main kernel's partials are complete */
     const int r = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= a.rows) return;
+    /* Slot of part p for this request (its first part writes slot 2 p + 1, the others 2 p); -1 when
+     * the part is empty (it wrote nothing). */
+    auto slot_of = [&](int p) -> int {
+        if (p > p1 || part_start(W, P, p) == part_start(W, P, p + 1)) return -1;
+        return p == p0 ? 2 * p + 1 : 2 * p;
+    };
+    /* Lane i holds the slot (and later the weight) of part c32 + i, c32 = p0 + 32 k: slot_of's
+     * divisions run once per lane and 32 parts; the loads take the slots by shuffle. */
+    int slc = slot_of(p0 + lane);
+    uint4 v[kCombineParts][2];
+    auto load_parts = [&](int i0) { /* parts c32 + i0 .. + kCombineParts - 1 */
+#pragma unroll
+        for (int u = 0; u < kCombineParts; u++) {
+            const int sl = __shfl_sync(0xffffffffu, slc, i0 + u);
+            const uint4 *src = (const uint4 *)(a.o_part + ((long long)max(sl, 0) * a.rows + r) * kDv);
+            v[u][0] = v[u][1] = make_uint4(0u, 0u, 0u, 0u);
+            if (sl >= 0) v[u][0] = src[lane], v[u][1] = src[lane + 32];
+        }
+    };
+    load_parts(0);
     float mx = -INFINITY;
-    for (int p = p0; p <= p1; p++) {
-        if (part_start(W, P, p) == part_start(W, P, p + 1)) continue; /* an empty part wrote nothing */
-        mx = fmaxf(mx, a.lse_part[(long long)(p == p0 ? 2 * p + 1 : 2 * p) * a.rows + r]);
+    for (int c = p0; c <= p1; c += 32) {
+        const int sl = c == p0 ? slc : slot_of(c + lane);
+        mx = fmaxf(mx, sl >= 0 ? a.lse_part[(long long)sl * a.rows + r] : -INFINITY);
     }
-    float4 acc[4] = {};
+#pragma unroll
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float acc[2][8] = {};
     float sum = 0.f;
     if (mx != -INFINITY) {
-        for (int p = p0; p <= p1; p++) {
-            if (part_start(W, P, p) == part_start(W, P, p + 1)) continue;
-            const long long row = (long long)(p == p0 ? 2 * p + 1 : 2 * p) * a.rows + r;
-            const float w = expf(a.lse_part[row] - mx);
-            sum += w;
-            const float4 *src = (const float4 *)(a.o_part + row * kDv);
+        float wl = slc >= 0 ? expf(a.lse_part[(long long)slc * a.rows + r] - mx) : 0.f;
+        for (int c = p0;;) {
+            const int i0 = (c - p0) & 31;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float4 v = src[lane + 32 * k];
-                acc[k].x = fmaf(w, v.x, acc[k].x), acc[k].y = fmaf(w, v.y, acc[k].y);
-                acc[k].z = fmaf(w, v.z, acc[k].z), acc[k].w = fmaf(w, v.w, acc[k].w);
+            for (int u = 0; u < kCombineParts; u++) {
+                const float w = __shfl_sync(0xffffffffu, wl, i0 + u);
+                if (w == 0.f) continue; /* an empty part, or a row the part never saw (NaN passes, as in the sum) */
+                sum += w;
+                add_bf16x8(acc[0], w, v[u][0]);
+                add_bf16x8(acc[1], w, v[u][1]);
             }
+            c += kCombineParts;
+            if (c > p1) break;
+            if (((c - p0) & 31) == 0) {
+                slc = slot_of(c + lane);
+                wl = slc >= 0 ? expf(a.lse_part[(long long)slc * a.rows + r] - mx) : 0.f;
+            }
+            load_parts((c - p0) & 31);
         }
     }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     const long long row = (long long)b * a.rows + r;
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[k].x * inv, acc[k].y * inv);
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(acc[k].z * inv, acc[k].w * inv);
-        uint2 u;
-        u.x = *(const uint32_t *)&lo;
-        u.y = *(const uint32_t *)&hi;
-        *(uint2 *)(a.o + row * kDv + 4 * (lane + 32 * k)) = u;
+    for (int h = 0; h < 2; h++) {
+        uint32_t u[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const __nv_bfloat162 x = __floats2bfloat162_rn(acc[h][2 * i] * inv, acc[h][2 * i + 1] * inv);
+            u[i] = *(const uint32_t *)&x;
+        }
+        *(uint4 *)(a.o + row * kDv + 8 * (lane + 32 * h)) = make_uint4(u[0], u[1], u[2], u[3]);
     }
     if (lane == 0) a.lse[row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
 }
@@ -1042,6 +1069,7 @@ const kernel_fn kKernels[KDT_VA_SM90_VARIANTS] = {va_sm90_kernel<1>, va_sm90_ker
 /* Scheduler constants: a key tile's time, the combine kernel's fixed cost, and the rate at which
  * partials are written and read back (mostly L2). Only their ratios matter. */
 constexpr double kTileUs = 2.0, kCombineUs = 3.0, kPartialBytesPerUs = 5e6;
+constexpr int kStartTiles = 3; /* a CTA's start (schedule, first loads) and end, in key tiles */
 
 /* Parts per row tile: the split with the least estimated time, counting waves of CTAs (one CTA
  * per SM), the longest part's tiles and the partials' traffic; up to 4 waves. nt: key tiles per
@@ -1051,8 +1079,8 @@ int choose_parts(int B, int m_tiles, long long nt, int sms, int rows) {
     double best_us = 0;
     for (int P = 1; P <= 65535 && (P == 1 || (long long)m_tiles * P <= 4LL * sms); P++) {
         const double waves = (double)(((long long)m_tiles * P + sms - 1) / sms);
-        double us = waves * ((double)B * (double)(nt + kOverhead) / P + kOverhead) * kTileUs;
-        if (P > 1) us += kCombineUs + 2.0 * (P - 1) * rows * (kDv + 1) * 4.0 * 2.0 / kPartialBytesPerUs;
+        double us = waves * ((double)B * (double)(nt + kOverhead) / P + kStartTiles) * kTileUs;
+        if (P > 1) us += kCombineUs + 1.5 * (P - 1) * rows * (kDv * 2.0 + 4.0) * 2.0 / kPartialBytesPerUs;
         if (P == 1 || us < 0.97 * best_us) best = P, best_us = us; /* more parts only for a clear gain */
     }
     return best;
@@ -1187,13 +1215,13 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int vari
     void *ws = nullptr;
     if (parts > 1) {
         const size_t slot_rows = (size_t)2 * parts * (size_t)rows;
-        ws_bytes = slot_rows * (kDv + 1) * sizeof(float);
+        ws_bytes = slot_rows * (kDv * sizeof(bf16) + sizeof(float));
         cudaMemPool_t pool;
         kdt_status s = workspace_pool(dev, &pool);
         if (s != KDT_OK) return s;
         KDT_CUDA_CHECK(cudaMallocFromPoolAsync(&ws, ws_bytes, pool, stream));
-        a.o_part = (float *)ws;
-        a.lse_part = a.o_part + slot_rows * kDv;
+        a.o_part = (bf16 *)ws;
+        a.lse_part = (float *)(a.o_part + slot_rows * kDv);
     }
 
     if (variant >= 5 && !setup_tma(p, &a)) variant = 2;
@@ -1215,11 +1243,13 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int vari
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = attr;
         cfg.numAttrs = no_pdl ? 0 : 1;
-        e = cudaLaunchKernelEx(&cfg, va_sm90_combine, a);
+        /* Deep loads only where a request spans many parts: the registers they take cost occupancy. */
+        void (*combine)(Args) = parts > 2 * a.B ? va_sm90_combine<16> : va_sm90_combine<4>;
+        e = cudaLaunchKernelEx(&cfg, combine, a);
         if (e != cudaSuccess && cfg.numAttrs) { /* programmatic launch refused here: a plain launch */
             (void)cudaGetLastError();
             cfg.numAttrs = 0;
-            e = cudaLaunchKernelEx(&cfg, va_sm90_combine, a);
+            e = cudaLaunchKernelEx(&cfg, combine, a);
         }
         pdl = cfg.numAttrs;
     }
