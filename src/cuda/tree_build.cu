@@ -1,5 +1,6 @@
-/* tree_build CUDA (SPEC 2.1): one block of 16 warps per request; one launch writes every output.
- * Each request takes one of two paths, chosen inside the kernel from its own scores:
+/* tree_build CUDA (SPEC 2.1): one block per request; one launch writes every output. Budgets up to
+ * kSmallN run every request on the sequential path in a block of 4 warps; larger ones use a block
+ * of 16 warps, where each request takes one of two paths, chosen inside the kernel from its scores:
  *
  * Merge path (every row sorted and no score above 0, i.e. log-probabilities): a child's key
  * (-score, depth, ...) never precedes its parent's, so best-first selection equals the trie's
@@ -410,77 +411,72 @@ __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base,
     return nG;
 }
 
-/* Grid: one block per request. Dynamic shared memory: 20 Q + 4 (2 D + 1) K bytes: rec [Q],
- * scores [D + 1, K] (a zero pad row), tokens [D, K], first child and next sibling [Q]; then,
- * when `merge` (the launcher found room), merge_smem_bytes(N, K) for the merge path. */
-template <int R, int CH>
-__global__ void __launch_bounds__(32 * kWarps) tree_build_kernel(kdt_tree_build_params p, int merge) {
-    constexpr int T = 32 * kWarps;
-    extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ int n_nodes;
-    const int b = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int D = p.D, K = p.K, N = p.budget, Q = N + 1;
-    uint4 *rec = (uint4 *)smem;                  /* [Q] node records */
-    float *sc = (float *)(rec + Q);              /* [D + 1, K] this request's scores, a pad row */
-    int32_t *tk = (int32_t *)(sc + (D + 1) * K); /* [D, K] its tokens */
-    short *fc = (short *)(tk + D * K);           /* [Q] first child */
-    short *ns = fc + Q;                          /* [Q] next sibling */
-    uint8_t *mbase = (uint8_t *)(ns + Q);        /* the merge path's arrays */
+/* A request's shared arrays, 20 Q + 4 (2 D + 1) K bytes from the dynamic shared memory's base:
+ * node records, its scores with a zero pad row (a leaf's child row index stays valid), its
+ * tokens, first child and next sibling; then the merge path's arrays, when it has room. */
+struct request_smem {
+    uint4 *rec;    /* [Q] node records */
+    float *sc;     /* [D + 1, K] */
+    int32_t *tk;   /* [D, K] */
+    short *fc;     /* [Q] first child */
+    short *ns;     /* [Q] next sibling */
+    uint8_t *rest; /* the merge path's arrays */
+};
 
-    /* One global round trip: scores, tokens and each score's left neighbour are loaded together.
-     * The merge path needs log-probabilities in sorted rows (the SPEC's order: -inf and NaN only
-     * trail a row); anything else takes the sequential path. */
+__device__ request_smem request_carve(uint8_t *smem, int D, int K, int Q) {
+    request_smem m;
+    m.rec = (uint4 *)smem;
+    m.sc = (float *)(m.rec + Q);
+    m.tk = (int32_t *)(m.sc + (D + 1) * K);
+    m.fc = (short *)(m.tk + D * K);
+    m.ns = m.fc + Q;
+    m.rest = (uint8_t *)(m.ns + Q);
+    return m;
+}
+
+/* One global round trip: the request's scores, tokens and each score's left neighbour are loaded
+ * together; the lists are emptied. Returns nonzero (for this thread's share) when the request
+ * cannot take the merge path: it needs log-probabilities in sorted rows (the SPEC's order: -inf
+ * and NaN only trail a row). T threads, tid of them. */
+__device__ int stage_request(const kdt_tree_build_params &p, const request_smem &m, int b, int tid, int T) {
+    const int D = p.D, K = p.K, Q = p.budget + 1;
     const size_t bdk = (size_t)b * D * K;
-    const int32_t seq = p.seq_len[b], root = p.root_token[b]; /* used at the end */
     int other = 0;
     for (int i = tid; i < (D + 1) * K; i += T) {
         float v = 0.0f;
         if (i < D * K) {
             v = p.scores[bdk + i];
-            tk[i] = p.tokens[bdk + i];
+            m.tk[i] = p.tokens[bdk + i];
             const float u = i % K ? p.scores[bdk + i - 1] : 0.0f;
             other |= v > 0.0f || (i % K && !is_bottom(v) && (is_bottom(u) || v > u));
         }
-        sc[i] = v;
+        m.sc[i] = v;
     }
-    for (int i = tid; i < Q; i += T) fc[i] = ns[i] = -1;
-    if (merge && tid == 0) merge_init(mbase, N, K);
-    const bool use_merge = merge && !__syncthreads_or(other);
+    for (int i = tid; i < Q; i += T) m.fc[i] = m.ns[i] = -1;
+    return other;
+}
 
+/* After the selection (n nodes in rec, fc, ns) and a barrier that orders the mask's zeroes before
+ * its ones: every node output, the fills, and each mask row's ones (the row's ancestors). */
+__device__ void write_request(const kdt_tree_build_params &p, const request_smem &m, int b, int n, int seq, int root, int tid, int T) {
+    const int K = p.K, Q = p.budget + 1;
     uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
-    if (use_merge) {
-        zero_bytes(mask, (size_t)Q * Q, tid, T);
-        const int n = merge_select<CH>(sc, D, K, N, mbase, rec, fc, ns);
-        if (tid == 0) n_nodes = n;
-    } else {
-        /* Rotating the selecting warp spreads it over the SM's schedulers when blocks share an SM. */
-        const int sel = b & (kWarps - 1);
-        if (warp == sel) {
-            const int n = select_nodes<R>(sc, D, K, N, lane, rec, fc, ns);
-            if (lane == 0) n_nodes = n;
-        } else {
-            zero_bytes(mask, (size_t)Q * Q, tid - (warp > sel ? 32 : 0), T - 32); /* the helper warps */
-        }
-    }
-    __syncthreads(); /* orders the zeroes before the ones below */
-
-    const int n = n_nodes;
     const size_t o = (size_t)b * Q;
     for (int i = tid; i < Q; i += T) {
-        int32_t tok = root, par = -1, dep = 0, cand = -1, pos = seq, f = fc[i], s = -1;
+        int32_t tok = root, par = -1, dep = 0, cand = -1, pos = seq, f = m.fc[i], s = -1;
         float score = 0.0f;
         if (i > n) {
             tok = dep = pos = f = -1;
             score = -INFINITY;
         } else if (i > 0) {
-            const uint4 r = rec[i];
+            const uint4 r = m.rec[i];
             par = (int)(r.x >> 6) & 2047;
             dep = (int)(r.x >> 17);
             cand = (int)(r.x & 63);
             score = __uint_as_float(r.y);
-            tok = tk[(dep - 1) * K + cand];
+            tok = m.tk[(dep - 1) * K + cand];
             pos = (int32_t)((uint32_t)seq + (uint32_t)dep); /* wraps, never UB, on a bad seq_len */
-            s = ns[i];
+            s = m.ns[i];
         }
         p.node_token[o + i] = tok;
         p.node_parent[o + i] = par;
@@ -491,10 +487,70 @@ __global__ void __launch_bounds__(32 * kWarps) tree_build_kernel(kdt_tree_build_
         p.first_child[o + i] = f;
         p.next_sibling[o + i] = s;
         if (i <= n) /* ones at i and its ancestors; a parent's index is below its child's */
-            for (int j = i; j > 0; j = min((int)(rec[j].x >> 6) & 2047, j - 1)) mask[(size_t)i * Q + j] = 1;
+            for (int j = i; j > 0; j = min((int)(m.rec[j].x >> 6) & 2047, j - 1)) mask[(size_t)i * Q + j] = 1;
         if (i <= n) mask[(size_t)i * Q] = 1;
     }
     if (tid == 0) p.num_nodes[b] = n;
+}
+
+/* Grid: one block of kWarps warps per request. Dynamic shared memory: request_smem, then, when
+ * `merge` (the launcher found room), merge_smem_bytes(N, K) for the merge path. */
+template <int R, int CH>
+__global__ void __launch_bounds__(32 * kWarps) tree_build_kernel(kdt_tree_build_params p, int merge) {
+    constexpr int T = 32 * kWarps;
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int n_nodes;
+    const int b = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int D = p.D, K = p.K, N = p.budget, Q = N + 1;
+    const request_smem m = request_carve(smem, D, K, Q);
+    const int32_t seq = p.seq_len[b], root = p.root_token[b]; /* used at the end */
+    const int other = stage_request(p, m, b, tid, T);
+    if (merge && tid == 0) merge_init(m.rest, N, K);
+    const bool use_merge = merge && !__syncthreads_or(other);
+
+    uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
+    if (use_merge) {
+        zero_bytes(mask, (size_t)Q * Q, tid, T);
+        const int n = merge_select<CH>(m.sc, D, K, N, m.rest, m.rec, m.fc, m.ns);
+        if (tid == 0) n_nodes = n;
+    } else {
+        /* Rotating the selecting warp spreads it over the SM's schedulers when blocks share an SM. */
+        const int sel = b & (kWarps - 1);
+        if (warp == sel) {
+            const int n = select_nodes<R>(m.sc, D, K, N, lane, m.rec, m.fc, m.ns);
+            if (lane == 0) n_nodes = n;
+        } else {
+            zero_bytes(mask, (size_t)Q * Q, tid - (warp > sel ? 32 : 0), T - 32); /* the helper warps */
+        }
+    }
+    __syncthreads(); /* orders the zeroes before the ones below */
+    write_request(p, m, b, n_nodes, seq, root, tid, T);
+}
+
+/* Small budgets (N <= kSmallN): every request on the sequential path, in a block of kSmallWarps
+ * warps: one selects while the others zero the mask, then all write. The merge path's per-depth
+ * barriers and 16 warps cost more than N sequential steps there (docs/perf/tree_build.md). */
+constexpr int kSmallN = 64, kSmallWarps = 4;
+
+template <int R>
+__global__ void __launch_bounds__(32 * kSmallWarps) tree_build_small_kernel(kdt_tree_build_params p) {
+    constexpr int T = 32 * kSmallWarps;
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int n_nodes;
+    const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const int D = p.D, K = p.K, N = p.budget, Q = N + 1;
+    const request_smem m = request_carve(smem, D, K, Q);
+    const int32_t seq = p.seq_len[b], root = p.root_token[b];
+    stage_request(p, m, b, tid, T);
+    __syncthreads();
+    if (tid < 32) {
+        const int n = select_nodes<R>(m.sc, D, K, N, lane, m.rec, m.fc, m.ns);
+        if (lane == 0) n_nodes = n;
+    } else {
+        zero_bytes(p.tree_mask + (size_t)b * Q * Q, (size_t)Q * Q, tid - 32, T - 32);
+    }
+    __syncthreads(); /* orders the zeroes before the ones below */
+    write_request(p, m, b, n_nodes, seq, root, tid, T);
 }
 
 /* Shared memory of the merge path too, when it fits the device's limit (always, within the
@@ -526,18 +582,28 @@ kdt_status launch_ch(const kdt_tree_build_params *p, cudaStream_t s) {
     return p->B <= sms ? launch<R, 4>(p, s) : launch<R, 2>(p, s);
 }
 
+template <int R>
+kdt_status launch_small(const kdt_tree_build_params *p, cudaStream_t stream) {
+    const size_t smem = base_smem(p->D, p->K, p->budget);
+    if (smem > 48 * 1024)
+        KDT_CUDA_CHECK(cudaFuncSetAttribute(tree_build_small_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    tree_build_small_kernel<R><<<p->B, 32 * kSmallWarps, smem, stream>>>(*p);
+    KDT_CUDA_CHECK_LAUNCH("tree_build");
+    return KDT_OK;
+}
+
 } // namespace
 
 /* 1 when requests of this shape may take the merge path (for tests and benches). */
 extern "C" int kdt_tree_build_cuda_merge_shape(int D, int K, int N) {
-    return base_smem(D, K, N) + merge_smem_bytes(N, K) <= kMaxSmem;
+    return N > kSmallN && base_smem(D, K, N) + merge_smem_bytes(N, K) <= kMaxSmem;
 }
 
 extern "C" kdt_status kdt_tree_build_cuda(const kdt_tree_build_params *p, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     const int N = p->budget;
-    if (N <= 32) return launch_ch<1>(p, s);
-    if (N <= 64) return launch_ch<2>(p, s);
+    static_assert(kSmallN <= 64, "R = 2 slots a lane hold 64 nodes");
+    if (N <= kSmallN) return N <= 32 ? launch_small<1>(p, s) : launch_small<2>(p, s);
     if (N <= 128) return launch_ch<4>(p, s);
     if (N <= 256) return launch_ch<8>(p, s);
     if (N <= 512) return launch_ch<16>(p, s);
