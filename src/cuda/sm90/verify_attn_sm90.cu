@@ -1015,17 +1015,16 @@ __global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constan
         }
     };
     load_parts(0);
+    auto lse_of = [&](int sl) { return sl >= 0 ? a.lse_part[(long long)sl * a.rows + r] : -INFINITY; };
+    const float lse0 = lse_of(slc); /* the first 32 parts' LSEs: read once, for the max and the weights */
     float mx = -INFINITY;
-    for (int c = p0; c <= p1; c += 32) {
-        const int sl = c == p0 ? slc : slot_of(c + lane);
-        mx = fmaxf(mx, sl >= 0 ? a.lse_part[(long long)sl * a.rows + r] : -INFINITY);
-    }
+    for (int c = p0; c <= p1; c += 32) mx = fmaxf(mx, c == p0 ? lse0 : lse_of(slot_of(c + lane)));
 #pragma unroll
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float acc[2][8] = {};
     float sum = 0.f;
     if (mx != -INFINITY) {
-        float wl = slc >= 0 ? expf(a.lse_part[(long long)slc * a.rows + r] - mx) : 0.f;
+        float wl = expf(lse0 - mx); /* 0 for an empty part: expf(-inf) */
         for (int c = p0;;) {
             const int i0 = (c - p0) & 31;
 #pragma unroll
@@ -1040,7 +1039,7 @@ __global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constan
             if (c > p1) break;
             if (((c - p0) & 31) == 0) {
                 slc = slot_of(c + lane);
-                wl = slc >= 0 ? expf(a.lse_part[(long long)slc * a.rows + r] - mx) : 0.f;
+                wl = expf(lse_of(slc) - mx);
             }
             load_parts((c - p0) & 31);
         }
