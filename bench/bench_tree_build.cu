@@ -158,11 +158,11 @@ static const char *compare_outputs(const kdt_tree_build_params *d, const kdt_tre
     return NULL;
 }
 
-extern "C" int kdt_tree_build_cuda_merge_shape(int D, int K, int N); /* src/cuda/tree_build.cu */
+extern "C" int kdt_tree_build_cuda_path(int D, int K, int N); /* src/cuda/tree_build.cu */
 
-/* Requests the kernel runs on its merge path (sorted rows, no score above 0, shape fits). */
-static int merge_requests(const kdt_tree_build_params *h) {
-    if (!kdt_tree_build_cuda_merge_shape(h->D, h->K, h->budget)) return 0;
+/* Requests the kernel runs on a parallel path (sorted rows, no score above 0, a shape that has one). */
+static int parallel_requests(const kdt_tree_build_params *h) {
+    if (!kdt_tree_build_cuda_path(h->D, h->K, h->budget)) return 0;
     int n = 0;
     for (int b = 0; b < h->B; b++) {
         int pos = 0;
@@ -212,9 +212,9 @@ int main(int argc, char **argv) {
          g_iters, g_batches);
     bench_emit(g_out, "| kernel | stream us | graph us |\n|---|---|---|\n| empty | %.2f | %.2f |\n\n",
          bench_time_launches(launch_empty, NULL, s, 0, g_iters, g_batches), bench_time_launches(launch_empty, NULL, s, 1, g_iters, g_batches));
-    bench_emit(g_out, "path: requests on the kernel's merge path (log-probabilities) / on its sequential path (rows "
+    bench_emit(g_out, "path: requests on a parallel path of the kernel (threshold or merge; log-probabilities) / on its sequential path (rows "
          "with a positive score, second half of the table)\n\n");
-    bench_emit(g_out, "| B | D | K | N | path merge/seq | nodes/req | kernel us | graph us | floor us | cpu+copies us | cpu / kernel | check |\n"
+    bench_emit(g_out, "| B | D | K | N | path par/seq | nodes/req | kernel us | graph us | floor us | cpu+copies us | cpu / kernel | check |\n"
          "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     int failures = 0;
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
@@ -231,7 +231,7 @@ int main(int argc, char **argv) {
         alloc_params(&d, 1);
         alloc_params(&h, 0);
         fill_inputs(&h, positive);
-        const int nm = merge_requests(&h);
+        const int nm = parallel_requests(&h);
         const size_t bdk4 = (size_t)d.B * d.D * d.K * 4, b4 = (size_t)d.B * 4;
         CK(cudaMemcpy((void *)d.scores, h.scores, bdk4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy((void *)d.tokens, h.tokens, bdk4, cudaMemcpyHostToDevice));

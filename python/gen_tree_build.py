@@ -164,7 +164,7 @@ def mixed_sign_scores(rng, B, D, K):
 
 def tiny_set_scores(rng, B, D, K):
     """Scores from {0, -0.0, -1, -2}: sums equal across depths and parents everywhere, and a 0
-    makes a child tie its parent (the CUDA kernel's merge path and its tie-breaks)."""
+    makes a child tie its parent (the CUDA kernel's parallel paths and their tie-breaks)."""
     vals = np.array([0.0, -0.0, -1.0, -2.0], F32)
     return sort_rows(vals[rng.integers(0, vals.size, size=(B, D, K))])
 
@@ -183,7 +183,7 @@ def quantized_scores(rng, B, D, K):
 
 
 def mixed_path_scores(rng, B, D, K):
-    """A batch mixing requests the CUDA kernel takes down its merge path (log-probabilities, ties)
+    """A batch mixing requests the CUDA kernel takes down a parallel path (log-probabilities, ties)
     with requests it takes down its sequential path (a positive score, a +inf head)."""
     s = np.concatenate([logprob_scores(rng, B, D, K)[: B // 2], tiny_set_scores(rng, B - B // 2, D, K)])
     kind = rng.integers(0, 3, size=B)      # 0: as is; 1: a row shifted above 0; 2: a +inf head

@@ -2,9 +2,10 @@
  * exact, on cpu and (where a device is present) cuda; the bad bundles must fail with the stated
  * status and a message naming the problem. Then, on fresh random inputs ($KDT_SEED, else the
  * clock): cuda against cpu byte for byte on sorted rows full of ties, -0.0, +inf heads and
- * -inf/NaN tails, requests of the kernel's merge and sequential paths mixed in each batch (the
- * line names how many of each); both backends on unsorted garbage through the C API (a well-formed tree, no
- * write outside the outputs); and the C API's argument errors. */
+ * -inf/NaN tails, requests of the kernel's parallel (threshold or merge) and sequential paths
+ * mixed in each batch (the line names how many of each); both backends on unsorted garbage
+ * through the C API (a well-formed tree, no write outside the outputs); and the C API's
+ * argument errors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,8 +89,8 @@ static int cmp_desc(const void *a, const void *b) {
 /* Sorted rows: values from a few levels (ties everywhere, -0.0 beside 0.0, sums equal across
  * depths and parents, zeros that make a child tie its parent) or continuous; most rows end in
  * -inf / NaN at a random point. Each request draws its kind: log-probabilities (no score above
- * 0: the kernel's merge path), or the same with +inf heads or positive scores in some rows (its
- * sequential path), so both paths run side by side in one launch. */
+ * 0: a parallel path of the kernel), or the same with +inf heads or positive scores in some
+ * rows (its sequential path), so both paths run side by side in one launch. */
 static void sorted_scores(float *sc, int B, int D, int K, int ties) {
     static const float levels[] = {0.0f, -0.0f, -0.5f, -1.0f, -0.6931472f, -2.0f};
     for (int b = 0; b < B; b++) {
@@ -110,14 +111,14 @@ static void sorted_scores(float *sc, int B, int D, int K, int ties) {
 }
 
 #if KDT_HAVE_CUDA
-int kdt_tree_build_cuda_merge_shape(int D, int K, int N); /* src/cuda/tree_build.cu */
+int kdt_tree_build_cuda_path(int D, int K, int N); /* src/cuda/tree_build.cu */
 #endif
 
-/* Requests the CUDA kernel runs on its merge path: rows sorted (always, here) and no score
- * above 0, when the shape's shared memory fits. */
-static int merge_requests(const float *sc, int B, int D, int K, int N) {
+/* Requests the CUDA kernel runs on a parallel path (threshold or merge): rows sorted (always,
+ * here) and no score above 0, when the shape has one. */
+static int parallel_requests(const float *sc, int B, int D, int K, int N) {
 #if KDT_HAVE_CUDA
-    if (!kdt_tree_build_cuda_merge_shape(D, K, N)) return 0;
+    if (!kdt_tree_build_cuda_path(D, K, N)) return 0;
 #else
     (void)N;
 #endif
@@ -207,7 +208,7 @@ static kdt_status as_expected(const kdt_kdtr *run, kdt_kdtr **out) {
 
 static const int shapes[][4] = { /* B, D, K, N */
     {33, 9, 5, 40}, {7, 20, 3, 200}, {128, 4, 16, 33}, {3, 64, 64, 1024}, {5, 64, 2, 500},
-    {16, 16, 8, 128}, {9, 1, 64, 64}, {2, 30, 1, 31}, {40, 6, 6, 257},
+    {16, 16, 8, 128}, {9, 1, 64, 64}, {2, 30, 1, 31}, {40, 6, 6, 257}, {24, 16, 8, 256}, {6, 12, 32, 160},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -219,8 +220,8 @@ static void check_random_cuda_vs_cpu(uint64_t seed) {
         inputs x;
         make_inputs(&x, sh[0], sh[1], sh[2], sh[3]);
         sorted_scores(x.scores, x.B, x.D, x.K, ties);
-        const int nm = merge_requests(x.scores, x.B, x.D, x.K, x.N);
-        snprintf(what, sizeof what, "tree_build random B=%d D=%d K=%d budget=%d %s paths merge=%d sequential=%d seed=%llu",
+        const int nm = parallel_requests(x.scores, x.B, x.D, x.K, x.N);
+        snprintf(what, sizeof what, "tree_build random B=%d D=%d K=%d budget=%d %s paths parallel=%d sequential=%d seed=%llu",
                  sh[0], sh[1], sh[2], sh[3], ties ? "ties" : "continuous", nm, x.B - nm, (unsigned long long)seed);
         kdt_kdtr *in = NULL, *cpu = NULL, *want = NULL, *gpu = NULL;
         kdt_status s = open_inputs(&x, &in);

@@ -1,13 +1,20 @@
 /* tree_build CUDA (SPEC 2.1): one block per request; one launch writes every output. Budgets up to
  * kSmallN run every request on the sequential path in a block of 4 warps; larger ones use a block
- * of 16 warps, where each request takes one of two paths, chosen inside the kernel from its scores:
+ * of 16 warps, where each request takes a parallel path or the sequential one, chosen inside the
+ * kernel from its scores. Log-probability requests (every row sorted, no score above 0): a
+ * child's key (-score, depth, ...) never precedes its parent's, so best-first selection equals
+ * the trie's global order truncated to N, which two parallel paths build:
  *
- * Merge path (every row sorted and no score above 0, i.e. log-probabilities): a child's key
- * (-score, depth, ...) never precedes its parent's, so best-first selection equals the trie's
- * global order truncated to N, and it is built depth by depth with the whole block: a running
- * list G of the best N nodes so far; each depth ranks the children of G's newest nodes (the
- * frontier: K sorted columns, one per k) by binary searches, one thread per candidate or G
- * element, and merges them into G. Proof, costs and measurements in docs/perf/tree_build.md.
+ * Threshold path (budgets up to kThrMaxN, when S fits shared memory): level by level, every node
+ * above a bound expands its children above the bound (a prefix of its sorted row) into a pool S;
+ * a histogram of S's scores by value bins lowers the bound to the bin holding the N-th best node.
+ * S then holds the best N and a few more; a counting sort by bin and a comparison within each
+ * bin rank them. A pool that outgrows its room (heavy ties) sends the request down the
+ * sequential path.
+ *
+ * Merge path (larger budgets): a running list G of the best N nodes so far; each depth ranks the
+ * children of G's newest nodes (the frontier: K sorted columns, one per k) by binary searches,
+ * one thread per candidate or G element, and merges them into G.
  *
  * Sequential path (any other request): rows are sorted, so under each selected node only its
  * best unselected child can be next; that child is the node's "slot". Popping slot p =
@@ -18,9 +25,10 @@
  * load for the new slot and O(N / 32) register work per lane. Meanwhile the other warps zero
  * this request's tree_mask. (Scores and tokens are staged in one global round trip, before.)
  * After a barrier all warps write the node outputs and the mask's ones (each row's ancestors).
+ * Proofs, costs and measurements: docs/perf/tree_build.md.
  *
  * Bit-exact with the CPU: sums are the same single f32 additions (parent score + scores[b][d][k],
- * no FMA possible), and both paths order finite scores exactly as float comparison does. -0.0
+ * no FMA possible), and every path orders finite scores exactly as float comparison does. -0.0
  * never occurs: the root is +0.0 and an f32 sum is -0.0 only when both terms are.
  * Any scores are safe: every index is bounded by D, K and N whatever the values; unsorted rows
  * (refused by the adapter) take the sequential path and only give a different tree. */
@@ -411,6 +419,267 @@ __device__ int merge_select(const float *sc, int D, int K, int N, uint8_t *base,
     return nG;
 }
 
+/* ---- threshold path ---- */
+
+/* Node scores are binned by value, 16 bins a nat: bin(s) = min(-16 s, 511) for s <= 0. The map
+ * is monotone (the scaling is exact), so a node in a higher bin scores strictly below every node
+ * in a lower one: once N nodes lie in bins <= b, no node of a higher bin can be among the best N
+ * (it has N strict predecessors), nor can its descendants. */
+constexpr int kBins = 512;
+constexpr int kThrWarps = 16; /* 8 measured slower (an earlier form, B = 64, N = 128: 21.0 us vs 18.5) */
+
+__device__ __forceinline__ int score_bin(float s) { return (int)fminf(-16.0f * s, (float)(kBins - 1)); }
+
+/* score_bin(s) <= b iff s > bin_floor(b), for finite s <= 0 (the scaling is exact); -inf for the
+ * last bin, which also holds the lowest finite scores. */
+__device__ __forceinline__ float bin_floor(int b) { return b >= kBins - 1 ? -INFINITY : (float)(b + 1) * -0.0625f; }
+
+/* The threshold path's shared arrays. S is every node generated so far, level by level, S[0] the
+ * root; a node's children are contiguous and in k order. */
+struct thr_smem {
+    uint64_t *key;   /* [M] final candidates by bin: key = score order << 32 | (127 - depth) << 24 */
+    float *ss;       /* [M] node score */
+    uint32_t *sm;    /* [M] parent's S index << 13 | depth << 6 | k */
+    int32_t *rk;     /* [M] a node's rank among the final candidates (INT32_MAX: not one) */
+    int32_t *lst;    /* [M] final candidates by bin: S index */
+    int32_t *hist;   /* [2, kBins + 32] nodes a level adds per bin (by level parity); a spare bin a lane */
+    int32_t *bstart; /* [kBins] final candidates in lower bins */
+    int32_t *misc;   /* [10] bin limit by level parity; 3 level counts; 3 "more" flags; -; final count */
+};
+
+__host__ __device__ inline size_t thr_smem_bytes(int M) { return (size_t)24 * M + 4 * (3 * kBins + 64 + 10) + 16; }
+
+__device__ thr_smem thr_carve(uint8_t *base, int M) {
+    thr_smem h;
+    /* pointer arithmetic on base (not a cast from an integer) keeps the accesses in shared memory */
+    h.key = (uint64_t *)(base + ((16 - ((uintptr_t)base & 15)) & 15));
+    h.ss = (float *)(h.key + M);
+    h.sm = (uint32_t *)(h.ss + M);
+    h.rk = (int32_t *)(h.sm + M);
+    h.lst = h.rk + M;
+    h.hist = h.lst + M;
+    h.bstart = h.hist + 2 * (kBins + 32);
+    h.misc = h.bstart + kBins;
+    return h;
+}
+
+constexpr int kBinsPerLane = kBins / 32;
+
+/* Adds a level's histogram (shared [kBins]) to a lane's share of the running one (registers: bins
+ * lane * kBinsPerLane + i), clearing it for reuse when `clear`. */
+__device__ __forceinline__ void fold_bins(int (&cum)[kBinsPerLane], int32_t *hist, int lane, bool clear) {
+#pragma unroll
+    for (int i = 0; i < kBinsPerLane; i += 4) {
+        int4 *q = (int4 *)&hist[lane * kBinsPerLane + i];
+        const int4 v = *q;
+        cum[i] += v.x;
+        cum[i + 1] += v.y;
+        cum[i + 2] += v.z;
+        cum[i + 3] += v.w;
+        if (clear) *q = make_int4(0, 0, 0, 0);
+    }
+}
+
+/* The smallest bin b with at least N nodes in bins <= b, from the running histogram held by the
+ * warp's lanes (which must hold >= N nodes). */
+__device__ int bin_limit(const int (&cum)[kBinsPerLane], int N, int lane) {
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < kBinsPerLane; i++) sum += cum[i];
+    int incl = sum;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(kFull, incl, o);
+        if (lane >= o) incl += y;
+    }
+    const int first = __ffs(__ballot_sync(kFull, incl >= N)) - 1; /* lane 31 holds all: >= N */
+    int b = kBinsPerLane - 1, c = incl; /* c: nodes in bins <= lane * kBinsPerLane + i */
+#pragma unroll
+    for (int i = kBinsPerLane - 1; i >= 0; i--) {
+        if (c >= N) b = i;
+        c -= cum[i];
+    }
+    return __shfl_sync(kFull, lane * kBinsPerLane + b, first);
+}
+
+/* Whether node c precedes node a, two nodes of equal score and depth: by their parents' order
+ * (the SPEC's lower parent index), which is score, then (same depth) their own parents, up to a
+ * common parent, where k decides. */
+__device__ __forceinline__ bool tie_precedes(const float *ss, const uint32_t *sm, int c, int a) {
+    for (int step = 0; step < 64; step++) { /* depth <= 64: the walk meets by then */
+        const int pa = (int)(sm[a] >> 13), pc = (int)(sm[c] >> 13);
+        if (pa == pc) return (sm[c] & 63) < (sm[a] & 63);
+        if (ss[pa] != ss[pc]) return ss[pc] > ss[pa];
+        a = pa;
+        c = pc;
+    }
+    return false;
+}
+
+/* Runs on the whole block after a barrier that follows the kernel's set-up of S[0], hist and
+ * misc; returns the number of draft nodes (records in rec, lists in fc / ns), or -1 when S would
+ * outgrow its M entries (then nothing was written but the mask's zeroes). Rows must be sorted and
+ * no score above 0.
+ * Levels: every node of the newest level whose bin is <= b counts its children of bin <= b (a
+ * prefix of the sorted row), takes places for them in S (one shared atomic a warp: the order of
+ * parents in S is free), writes them and counts them in the level's histogram; after a barrier
+ * the keeper warp folds the level into its running histogram and lowers b to the smallest bin
+ * holding N nodes of S (published after a second barrier). The final candidates (bin <= b: a
+ * superset of the best N, closed under parents, usually N plus a few) are then sorted by bin (a
+ * counting sort); a candidate's rank = the candidates of lower bins + those of its own bin that
+ * precede it: higher key (score, then lower depth) or, on an equal key, the parents' walk. */
+__device__ int thr_select(const float *sc, int D, int K, int N, int M, const thr_smem &h, uint4 *rec, short *fc, short *ns) {
+    constexpr int T = 32 * kThrWarps;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr int kKeeper = kThrWarps - 1; /* the warp that keeps the running histogram */
+    int lo = 0, hi = 1, bmax = kBins - 1;
+    int cum[kBinsPerLane]; /* the keeper's running histogram of S: bins lane * kBinsPerLane + i */
+#pragma unroll
+    for (int i = 0; i < kBinsPerLane; i++) cum[i] = 0;
+    for (int t = 0; t < D; t++) {
+        const float *x = sc + t * K;
+        const float lim = bin_floor(bmax); /* a score is in a bin <= bmax iff it is above lim */
+        float x8[8];                       /* the row's head in registers: no loads in the loops */
+#pragma unroll
+        for (int u = 0; u < 8; u++) x8[u] = x[min(u, K - 1)];
+        const float xnext = t + 1 < D ? x[K] : -INFINITY; /* the next row's best */
+        int32_t *ctr = h.misc + 2 + t % 3;                /* level t's count and "more" flag */
+        int32_t *more = h.misc + 5 + t % 3;               /* (cleared a level ahead) */
+        if (tid == 0) h.misc[2 + (t + 1) % 3] = h.misc[5 + (t + 1) % 3] = 0;
+        int32_t *hist = h.hist + (t & 1) * (kBins + 32);
+        for (int f0 = lo; f0 < hi; f0 += T) {
+            if (f0 + warp * 32 >= hi) continue; /* warp-uniform: no node of this chunk here */
+            const int f = f0 + tid;
+            float s = 0.0f;
+            int cnt = 0; /* children above lim: a prefix of the sorted row */
+            if (f < hi && (s = h.ss[f]) > lim) {
+#pragma unroll
+                for (int u = 0; u < 8; u++) cnt += u < K && __fadd_rn(s, x8[u]) > lim;
+                if (cnt == 8)
+                    while (cnt < K && __fadd_rn(s, x[cnt]) > lim) cnt++;
+            }
+            /* places in S: the warp's prefix by ballots over cnt's bits (cnt <= K <= 64), one
+             * shared atomic a warp */
+            const unsigned lt = (1u << lane) - 1;
+            int excl = 0, tot = 0;
+#pragma unroll
+            for (int bit = 0; bit < 7; bit++) {
+                if (1 << bit > K) break;
+                const unsigned m = __ballot_sync(kFull, cnt >> bit & 1);
+                excl += __popc(m & lt) << bit;
+                tot += __popc(m) << bit;
+            }
+            int base = 0;
+            if (lane == 0 && tot) base = atomicAdd(ctr, tot);
+            const int off = hi + __shfl_sync(kFull, base, 0) + excl;
+            /* A child with no child above lim ends its branch (bounds only tighten); the first
+             * child is the best. */
+            const bool grows = __any_sync(kFull, cnt > 0 && __fadd_rn(__fadd_rn(s, x8[0]), xnext) > lim);
+            if (lane == 0 && grows) atomicOr(more, 1);
+            if (off + cnt <= M) {
+                const uint32_t meta = (uint32_t)f << 13 | (uint32_t)(t + 1) << 6;
+#pragma unroll
+                for (int u = 0; u < 8; u++) { /* branch-free: past cnt, a lane counts into its own spare bin */
+                    const float c = __fadd_rn(s, x8[u]);
+                    if (u < cnt) {
+                        h.ss[off + u] = c;
+                        h.sm[off + u] = meta | (uint32_t)u;
+                    }
+                    atomicAdd(&hist[u < cnt ? score_bin(c) : kBins + lane], 1);
+                }
+                for (int k = 8; k < cnt; k++) {
+                    const float c = __fadd_rn(s, x[k]);
+                    h.ss[off + k] = c;
+                    h.sm[off + k] = meta | (uint32_t)k;
+                    atomicAdd(&hist[score_bin(c)], 1);
+                }
+            }
+        }
+        __syncthreads();
+        const int top = hi + *ctr, grow = *more;
+        if (top > M) return -1; /* S is full: the caller takes the sequential path */
+        /* The keeper folds the level into its running histogram (clearing the buffer for level
+         * t + 2) and, once S holds N nodes, publishes the new bin limit (a slot by parity). */
+        if (warp == kKeeper) fold_bins(cum, hist, lane, true);
+        if (top - 1 >= N) { /* block-uniform */
+            if (warp == kKeeper) {
+                const int b = bin_limit(cum, N, lane);
+                if (lane == 0) h.misc[t & 1] = b;
+            }
+            __syncthreads();
+            bmax = h.misc[t & 1];
+        }
+        lo = hi;
+        hi = top;
+        if (!grow) break; /* no node of S can have a child above the bound: the tree is complete */
+    }
+
+    /* Counting sort of the final candidates by bin: the keeper writes bstart = exclusive prefix
+     * of cum over bins <= bmax, also as the bins' cursors (in a spent level buffer). */
+    int32_t *cursor = h.hist;
+    if (warp == kKeeper) {
+        int sum = 0;
+#pragma unroll
+        for (int i = 0; i < kBinsPerLane; i++) {
+            cum[i] = lane * kBinsPerLane + i <= bmax ? cum[i] : 0;
+            sum += cum[i];
+        }
+        int incl = sum;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(kFull, incl, o);
+            if (lane >= o) incl += y;
+        }
+        int run = incl - sum;
+#pragma unroll
+        for (int i = 0; i < kBinsPerLane; i++) {
+            h.bstart[lane * kBinsPerLane + i] = cursor[lane * kBinsPerLane + i] = run;
+            run += cum[i];
+        }
+        if (lane == 31) h.misc[9] = incl;
+    }
+    __syncthreads();
+    const int nc = h.misc[9];
+    for (int i = 1 + tid; i < hi; i += T) {
+        h.rk[i] = INT32_MAX;
+        const float s = h.ss[i];
+        const int bn = score_bin(s);
+        if (bn <= bmax) {
+            const int pos = atomicAdd(&cursor[bn], 1);
+            h.lst[pos] = i;
+            h.key[pos] = (uint64_t)score_order(s) << 32 | (uint64_t)(127 - (h.sm[i] >> 6 & 127)) << 24;
+        }
+    }
+    __syncthreads();
+
+    /* Ranks: within a bin, by key; equal keys (same score and depth) by the parents' walk. */
+    for (int c = tid; c < nc; c += T) {
+        const int i = h.lst[c], bn = score_bin(h.ss[i]);
+        const int b0 = h.bstart[bn], b1 = bn < bmax ? h.bstart[bn + 1] : nc;
+        const uint64_t ki = h.key[c];
+        int r = b0;
+        for (int j = b0; j < b1; j++) {
+            const uint64_t kj = h.key[j];
+            r += kj > ki || (kj == ki && j != c && tie_precedes(h.ss, h.sm, h.lst[j], i));
+        }
+        h.rk[i] = r;
+    }
+    __syncthreads();
+
+    /* Node r + 1 = the candidate of rank r < N. A node's children are its k = 0, 1, ... (a prefix,
+     * in index order), contiguous in S: k = 0 heads the list, S's next entry follows. Indices read
+     * from shared memory are clamped: memory-safe whatever the ranks. */
+    for (int c = tid; c < nc; c += T) {
+        const int i = h.lst[c], r = h.rk[i];
+        if (r >= N) continue;
+        const uint32_t mt = h.sm[i];
+        const int ps = (int)(mt >> 13), k = (int)(mt & 63);
+        const int pi = ps == 0 ? 0 : min(h.rk[ps], N - 1) + 1;
+        rec[r + 1] = make_uint4((mt >> 6 & 127u) << 17 | (uint32_t)pi << 6 | (uint32_t)k, __float_as_uint(h.ss[i]), 0, 0);
+        if (k == 0) fc[pi] = (short)(r + 1);
+        if (i + 1 < hi && (int)(h.sm[i + 1] >> 13) == ps && h.rk[i + 1] < N) ns[r + 1] = (short)(h.rk[i + 1] + 1);
+    }
+    return min(N, nc);
+}
+
 /* A request's shared arrays, 20 Q + 4 (2 D + 1) K bytes from the dynamic shared memory's base:
  * node records, its scores with a zero pad row (a leaf's child row index stays valid), its
  * tokens, first child and next sibling; then the merge path's arrays, when it has room. */
@@ -527,10 +796,52 @@ __global__ void __launch_bounds__(32 * kWarps) tree_build_kernel(kdt_tree_build_
     write_request(p, m, b, n_nodes, seq, root, tid, T);
 }
 
+/* Grid: one block of kThrWarps warps per request; dynamic shared memory: request_smem, then
+ * thr_smem_bytes(M). Log-probability requests take the threshold path; the others, and any whose
+ * S outgrows M (heavy ties), the sequential path. */
+template <int R>
+__global__ void __launch_bounds__(32 * kThrWarps) tree_build_thr_kernel(kdt_tree_build_params p, int M) {
+    constexpr int T = 32 * kThrWarps;
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int n_nodes;
+    const int b = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int D = p.D, K = p.K, N = p.budget, Q = N + 1;
+    const request_smem m = request_carve(smem, D, K, Q);
+    const thr_smem h = thr_carve(m.rest, M);
+    const int32_t seq = p.seq_len[b], root = p.root_token[b];
+    const int other = stage_request(p, m, b, tid, T);
+    for (int i = tid; i < 2 * (kBins + 32); i += T) h.hist[i] = 0;
+    if (tid == 0) {
+        h.ss[0] = 0.0f;
+        h.sm[0] = 0;
+        h.misc[2] = h.misc[5] = 0; /* level 0's count and flag */
+    }
+    uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
+    const bool thr = !__syncthreads_or(other);
+    int n = -1;
+    if (thr) {
+        zero_bytes(mask, (size_t)Q * Q, tid, T);
+        n = thr_select(m.sc, D, K, N, M, h, m.rec, m.fc, m.ns);
+        if (tid == 0 && n >= 0) n_nodes = n;
+    }
+    if (n < 0) { /* block-uniform */
+        const int sel = b & (kThrWarps - 1);
+        if (warp == sel) {
+            const int cnt = select_nodes<R>(m.sc, D, K, N, lane, m.rec, m.fc, m.ns);
+            if (lane == 0) n_nodes = cnt;
+        } else if (!thr) {
+            zero_bytes(mask, (size_t)Q * Q, tid - (warp > sel ? 32 : 0), T - 32);
+        }
+    }
+    __syncthreads(); /* orders the zeroes before the ones below */
+    write_request(p, m, b, n_nodes, seq, root, tid, T);
+}
+
 /* Small budgets (N <= kSmallN): every request on the sequential path, in a block of kSmallWarps
  * warps: one selects while the others zero the mask, then all write. The merge path's per-depth
  * barriers and 16 warps cost more than N sequential steps there (docs/perf/tree_build.md). */
 constexpr int kSmallN = 64, kSmallWarps = 4;
+constexpr int kThrMaxN = 256; /* the threshold path's largest budget */
 
 template <int R>
 __global__ void __launch_bounds__(32 * kSmallWarps) tree_build_small_kernel(kdt_tree_build_params p) {
@@ -592,18 +903,45 @@ kdt_status launch_small(const kdt_tree_build_params *p, cudaStream_t stream) {
     return KDT_OK;
 }
 
+/* The threshold path's room for S: the level that passes N nodes adds at most N K, the later ones
+ * few (the pool peaked at 1065 nodes for N = 128, 1957 for N = 256 over 64 requests of the
+ * bench's scores, in a numpy model of the path). A multiple of 4 keeps the histogram 16-byte
+ * aligned. */
+int thr_capacity(int K, int N) { return (N * (K + 6) + 4) & ~3; }
+
+template <int R>
+kdt_status launch_thr(const kdt_tree_build_params *p, cudaStream_t stream) {
+    const int M = thr_capacity(p->K, p->budget);
+    const size_t smem = base_smem(p->D, p->K, p->budget) + thr_smem_bytes(M);
+    if (smem > 48 * 1024)
+        KDT_CUDA_CHECK(cudaFuncSetAttribute(tree_build_thr_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    tree_build_thr_kernel<R><<<p->B, 32 * kThrWarps, smem, stream>>>(*p, M);
+    KDT_CUDA_CHECK_LAUNCH("tree_build");
+    return KDT_OK;
+}
+
+
+/* Which kernel path log-probability requests of this shape take: 0 sequential (the small
+ * kernel), 1 threshold, 2 merge. */
+int path_of(int D, int K, int N) {
+    if (N <= kSmallN) return 0;
+    if (N <= kThrMaxN && base_smem(D, K, N) + thr_smem_bytes(thr_capacity(K, N)) <= kMaxSmem) return 1;
+    return base_smem(D, K, N) + merge_smem_bytes(N, K) <= kMaxSmem ? 2 : 0;
+}
+
 } // namespace
 
-/* 1 when requests of this shape may take the merge path (for tests and benches). */
-extern "C" int kdt_tree_build_cuda_merge_shape(int D, int K, int N) {
-    return N > kSmallN && base_smem(D, K, N) + merge_smem_bytes(N, K) <= kMaxSmem;
-}
+/* The path log-probability requests of this shape take (for tests and benches): 0 sequential,
+ * 1 threshold, 2 merge. */
+extern "C" int kdt_tree_build_cuda_path(int D, int K, int N) { return path_of(D, K, N); }
 
 extern "C" kdt_status kdt_tree_build_cuda(const kdt_tree_build_params *p, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
-    const int N = p->budget;
+    const int N = p->budget, path = path_of(p->D, p->K, N);
     static_assert(kSmallN <= 64, "R = 2 slots a lane hold 64 nodes");
-    if (N <= kSmallN) return N <= 32 ? launch_small<1>(p, s) : launch_small<2>(p, s);
+    if (path == 0 && N <= 64) return N <= 32 ? launch_small<1>(p, s) : launch_small<2>(p, s);
+    static_assert(kThrMaxN <= 256, "R = 8 slots a lane hold 256 nodes");
+    if (path == 1) return N <= 128 ? launch_thr<4>(p, s) : launch_thr<8>(p, s); /* N > kSmallN */
     if (N <= 128) return launch_ch<4>(p, s);
     if (N <= 256) return launch_ch<8>(p, s);
     if (N <= 512) return launch_ch<16>(p, s);
