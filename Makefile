@@ -10,6 +10,8 @@ KDT_CUDA  ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 
 CFLAGS   ?= -O2 -g
+CXXFLAGS ?= -O2 -g
+CXXFLAGS += -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -MMD -MP
 CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
             -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
 LDLIBS   := -lm -lpthread -lcjson
@@ -36,6 +38,8 @@ CLI_C     := $(wildcard src/cli/*.c)
 TEST_C    := $(wildcard tests/test_*.c)
 TEST_HELP := $(filter-out $(TEST_C),$(wildcard tests/*.c))
 TEST_BIN  := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
+TEST_CC   := $(wildcard tests/test_*.cc)
+TEST_BIN  += $(TEST_CC:tests/%.cc=$(BUILD)/tests/%)
 BENCH_C   := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_C:bench/%.c=$(BUILD)/bench/%)
 ifeq ($(KDT_CUDA),1)
@@ -58,6 +62,10 @@ $(BUILD)/obj/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
+$(BUILD)/obj/%.o: %.cc $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+
 $(BUILD)/obj/src/cuda/sm90/%.o: src/cuda/sm90/%.cu $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) $(SM90_ARCH) -c $< -o $@
@@ -79,6 +87,11 @@ $(BUILD)/kdt: $(CLI_C:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkdt.a
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELP:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# C++ tests (the emulated kernel code): no harness, linked with the C++ runtime and threads.
+$(TEST_CC:tests/%.cc=$(BUILD)/tests/%): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/libkdt.a
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)

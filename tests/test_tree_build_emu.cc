@@ -1,0 +1,274 @@
+/* tree_build's threshold path (src/cuda/tree_build_thr.cuh, the device code the CUDA kernel runs)
+ * executed on CPU threads: one std::thread per CUDA thread of a block, __syncthreads a barrier,
+ * warp votes and shuffles through a per-warp exchange, shared atomics as std::atomic_ref. Each
+ * case's tree is checked against the CPU backend (kdt_tree_build, KDT_BACKEND_CPU) node by node
+ * and bit for bit: parents, depths, k, scores, children lists. So the path's logic is tested on
+ * every machine, with or without a GPU (a GPU run proves the compiled kernel: test_tree_build).
+ * Inputs ($KDT_SEED, else the clock): log-probabilities of random softmaxes, the bench's scores
+ * (quantized: sums collide, so the tie walk runs), few-level ties, -inf/NaN tails, all zeros
+ * (a pool that outgrows its room: the kernel's fallback, counted and checked as such). */
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "kdt/ops.h"
+
+/* ---- the CUDA subset tree_build_thr.cuh uses ---- */
+
+#define __device__
+#define __host__
+#define __forceinline__ inline
+
+struct int4 {
+    int x, y, z, w;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+using std::isfinite;
+using std::max;
+using std::min;
+
+static inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float __fadd_rn(float a, float b) {
+    volatile float s = a + b; /* one rounding, never contracted */
+    return s;
+}
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
+
+constexpr int kEmuWarps = 16; /* kThrWarps, checked below */
+
+struct emu_block {
+    std::barrier<> *block;
+    std::barrier<> *warp[kEmuWarps];
+    uint64_t xchg[kEmuWarps][32];
+};
+static emu_block *g_blk;
+struct emu_thread_index {
+    unsigned x;
+};
+static thread_local emu_thread_index threadIdx;
+
+static inline void __syncthreads() { g_blk->block->arrive_and_wait(); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { g_blk->warp[threadIdx.x >> 5]->arrive_and_wait(); }
+
+/* Every lane posts v; returns lane src's. Two warp barriers: posts are read only after all are
+ * in, and the slots are reused only after all have read. */
+static inline uint64_t exchange(uint64_t v, int src) {
+    const int w = (int)threadIdx.x >> 5;
+    g_blk->xchg[w][threadIdx.x & 31] = v;
+    g_blk->warp[w]->arrive_and_wait();
+    const uint64_t r = g_blk->xchg[w][src & 31];
+    g_blk->warp[w]->arrive_and_wait();
+    return r;
+}
+static inline unsigned __ballot_sync(unsigned, bool p) {
+    const int w = (int)threadIdx.x >> 5;
+    g_blk->xchg[w][threadIdx.x & 31] = p;
+    g_blk->warp[w]->arrive_and_wait();
+    unsigned m = 0;
+    for (int i = 0; i < 32; i++) m |= (unsigned)(g_blk->xchg[w][i] != 0) << i;
+    g_blk->warp[w]->arrive_and_wait();
+    return m;
+}
+static inline bool __any_sync(unsigned mask, bool p) { return __ballot_sync(mask, p) != 0; }
+static inline int __shfl_sync(unsigned, int v, int src) { return (int)(uint32_t)exchange((uint32_t)v, src); }
+static inline int __shfl_up_sync(unsigned, int v, int d) {
+    const int lane = (int)threadIdx.x & 31;
+    const int r = (int)(uint32_t)exchange((uint32_t)v, lane >= d ? lane - d : lane);
+    return lane >= d ? r : v;
+}
+static inline int atomicAdd(int32_t *p, int v) { return std::atomic_ref<int32_t>(*p).fetch_add(v); }
+static inline int atomicOr(int32_t *p, int v) { return std::atomic_ref<int32_t>(*p).fetch_or(v); }
+
+#include "cuda/tree_build_thr.cuh"
+
+static_assert(kThrWarps == kEmuWarps, "the emulated block is kThrWarps warps");
+
+/* ---- one request through thr_select, as tree_build_thr_kernel sets it up ---- */
+
+typedef struct tree {
+    int n; /* draft nodes, -1: the pool outgrew its room (the kernel then runs the sequential path) */
+    std::vector<int> parent, depth, cand, first_child, next_sibling;
+    std::vector<float> score;
+} tree;
+
+static tree run_thr(const float *scores, int D, int K, int N) {
+    const int Q = N + 1, M = (N * (K + 6) + 4) & ~3; /* thr_capacity */
+    std::vector<float> sc((size_t)(D + 1) * K, 0.0f); /* a zero pad row, as staged */
+    memcpy(sc.data(), scores, sizeof(float) * D * K);
+    std::vector<uint4> rec(Q);
+    std::vector<short> fc(Q, -1), ns(Q, -1);
+    std::vector<uint8_t> pool(thr_smem_bytes(M) + 16);
+    const thr_smem h = thr_carve(pool.data() + 4, M); /* not 16-aligned, like the kernel's base */
+    memset(h.hist, 0, sizeof(int32_t) * 2 * (kBins + 32));
+    h.ss[0] = 0.0f;
+    h.sm[0] = 0;
+    h.misc[2] = h.misc[5] = 0;
+
+    std::barrier<> block(32 * kEmuWarps);
+    emu_block blk;
+    blk.block = &block;
+    for (int w = 0; w < kEmuWarps; w++) blk.warp[w] = new std::barrier<>(32);
+    g_blk = &blk;
+    std::vector<int> ret(32 * kEmuWarps);
+    std::vector<std::thread> th;
+    for (int t = 0; t < 32 * kEmuWarps; t++)
+        th.emplace_back([&, t] {
+            threadIdx.x = (unsigned)t;
+            ret[t] = thr_select(sc.data(), D, K, N, M, h, rec.data(), fc.data(), ns.data());
+        });
+    for (auto &x : th) x.join();
+    for (int w = 0; w < kEmuWarps; w++) delete blk.warp[w];
+
+    tree r;
+    r.n = ret[0];
+    for (int t = 1; t < 32 * kEmuWarps; t++)
+        if (ret[t] != ret[0]) r.n = -2; /* every thread must agree */
+    if (r.n < 0) return r;
+    r.parent.assign(Q, -1);
+    r.depth.assign(Q, -1);
+    r.cand.assign(Q, -1);
+    r.score.assign(Q, -INFINITY);
+    r.depth[0] = 0;
+    r.score[0] = 0.0f;
+    for (int i = 1; i <= r.n; i++) {
+        r.parent[i] = (int)(rec[i].x >> 6) & 2047;
+        r.depth[i] = (int)(rec[i].x >> 17);
+        r.cand[i] = (int)(rec[i].x & 63);
+        memcpy(&r.score[i], &rec[i].y, 4);
+    }
+    r.first_child.assign(fc.begin(), fc.end());
+    r.next_sibling.assign(ns.begin(), ns.end());
+    return r;
+}
+
+/* ---- inputs ---- */
+
+static uint64_t g_rng;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+static float uniform(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; }
+
+enum { KIND_LOGPROB, KIND_BENCH, KIND_TIES, KIND_TAILS, KIND_ZEROS, N_KINDS };
+static const char *kind_name[N_KINDS] = {"logprob", "bench", "ties", "tails", "zeros"};
+
+static void fill_row(float *row, int K, int kind) {
+    if (kind == KIND_BENCH) { /* bench/bench_tree_build.cu's rule */
+        float v = -0.05f * (float)(rnd() % 64);
+        for (int k = 0; k < K; k++) {
+            row[k] = v;
+            v -= 0.02f + (float)(rnd() % 1000) / 400.0f;
+        }
+        return;
+    }
+    if (kind == KIND_ZEROS) {
+        for (int k = 0; k < K; k++) row[k] = rnd() % 2 ? 0.0f : -0.0f;
+        return;
+    }
+    if (kind == KIND_TIES) {
+        static const float lv[] = {0.0f, -0.5f, -1.0f, -0.6931472f, -2.0f};
+        for (int k = 0; k < K; k++) row[k] = lv[rnd() % 5];
+    } else { /* top-K log-probabilities of a random softmax over 4 K logits */
+        const int V = 4 * K;
+        std::vector<float> lg(V);
+        const float temp = 0.5f + 2.5f * uniform();
+        float mx = -INFINITY, z = 0.0f;
+        for (int i = 0; i < V; i++) mx = std::max(mx, lg[i] = temp * (uniform() + uniform() + uniform() - 1.5f) * 2.0f);
+        for (int i = 0; i < V; i++) z += std::exp(lg[i] - mx);
+        for (int i = 0; i < V; i++) lg[i] = lg[i] - mx - std::log(z);
+        std::sort(lg.begin(), lg.end(), [](float a, float b) { return a > b; });
+        for (int k = 0; k < K; k++) row[k] = std::min(lg[k], 0.0f);
+    }
+    std::sort(row, row + K, [](float a, float b) { return a > b; });
+    if (kind == KIND_TAILS && rnd() % 3 == 0)
+        for (int k = (int)(rnd() % (K + 1)); k < K; k++) row[k] = rnd() % 2 ? -INFINITY : NAN;
+}
+
+/* ---- checks ---- */
+
+static int g_fail;
+static char g_first[200]; /* the first failure of a kind */
+
+static const char *compare(const tree &e, const kdt_tree_build_params &c, int N) {
+    const int Q = N + 1;
+    if (e.n != c.num_nodes[0]) return "num_nodes";
+    for (int i = 0; i < Q; i++) {
+        if (e.parent[i] != c.node_parent[i]) return "node_parent";
+        if (e.depth[i] != c.node_depth[i]) return "node_depth";
+        if (e.cand[i] != c.node_cand[i]) return "node_cand";
+        if (memcmp(&e.score[i], &c.node_score[i], 4)) return "node_score";
+        if (e.first_child[i] != c.first_child[i]) return "first_child";
+        if (e.next_sibling[i] != c.next_sibling[i]) return "next_sibling";
+    }
+    return NULL;
+}
+
+static void check_case(int kind, int D, int K, int N, int *fallbacks) {
+    const int Q = N + 1;
+    std::vector<float> sc((size_t)D * K);
+    for (int d = 0; d < D; d++) fill_row(&sc[(size_t)d * K], K, kind);
+    std::vector<int32_t> tok((size_t)D * K, 7), num(1), par(Q), dep(Q), cand(Q), pos(Q), fch(Q), nsib(Q), ntok(Q);
+    std::vector<float> score(Q);
+    std::vector<uint8_t> mask((size_t)Q * Q);
+    int32_t root = 1, seq = 0;
+    kdt_tree_build_params c = {};
+    c.B = 1, c.D = D, c.K = K, c.budget = N;
+    c.scores = sc.data(), c.tokens = tok.data(), c.root_token = &root, c.seq_len = &seq;
+    c.num_nodes = num.data(), c.node_token = ntok.data(), c.node_parent = par.data(), c.node_depth = dep.data();
+    c.node_cand = cand.data(), c.node_score = score.data(), c.positions = pos.data(), c.tree_mask = mask.data();
+    c.first_child = fch.data(), c.next_sibling = nsib.data();
+    kdt_status s = kdt_tree_build(&c, KDT_BACKEND_CPU, NULL);
+    const tree e = run_thr(sc.data(), D, K, N);
+    const char *bad = s != KDT_OK ? "cpu backend failed" : e.n == -2 ? "threads disagree on the result" : NULL;
+    if (!bad && e.n == -1) {
+        /* The pool outgrew its room: only ties can do that (every score in few bins). */
+        ++*fallbacks;
+        if (kind != KIND_ZEROS && kind != KIND_TIES) bad = "the pool outgrew its room on distinct scores";
+    } else if (!bad) {
+        bad = compare(e, c, N);
+    }
+    if (bad && !g_fail++) snprintf(g_first, sizeof g_first, "  first: D=%d K=%d budget=%d: %s", D, K, N, bad);
+}
+
+int main(void) {
+    const char *env = getenv("KDT_SEED");
+    const uint64_t seed = env && *env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+    g_rng = seed * 2654435761u + 1;
+    int failed = 0;
+    for (int kind = 0; kind < N_KINDS; kind++) {
+        g_fail = 0;
+        int fallbacks = 0, cases = 0;
+        for (int i = 0; i < 12; i++, cases++) {
+            const int N = 65 + (int)(rnd() % 192), D = 1 + (int)(rnd() % 16);
+            const int K = i == 0 ? 1 : i == 1 ? 24 : 2 + (int)(rnd() % 11);
+            check_case(kind, D, K, N, &fallbacks);
+        }
+        printf("%s  tree_build threshold path (emulated on CPU threads) %s: %d cases, %d failed, %d took the fallback, "
+               "seed=%llu%s\n", g_fail ? "FAIL" : "PASS", kind_name[kind], cases, g_fail, fallbacks,
+               (unsigned long long)seed, g_fail ? g_first : "");
+        failed += g_fail != 0;
+    }
+    return failed ? 1 : 0;
+}
