@@ -44,4 +44,10 @@ for f in tests/test_*.c tests/test_*.cu; do
     esac
     $CC -o "$BUILD/tests/$name" "$o" "${helpers[@]}" "$BUILD/libkdt.a" $LIBS
 done
+for f in tests/test_*.cc; do  # C++ tests (CUDA device code emulated on CPU threads): no helpers
+    [ -e "$f" ] || continue
+    name=$(basename "${f%.*}"); o="$BUILD/obj/${f//\//_}.o"
+    ${CXX:-c++} -O2 -g -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -c "$f" -o "$o"
+    ${CXX:-c++} -pthread -o "$BUILD/tests/$name" "$o" "$BUILD/libkdt.a" $LIBS
+done
 exec bash scripts/run_tests.sh "$BUILD"
