@@ -111,17 +111,14 @@ typedef struct tree {
 } tree;
 
 static tree run_thr(const float *scores, int D, int K, int N) {
-    const int Q = N + 1, M = (N * (K + 6) + 4) & ~3; /* thr_capacity */
+    const int Q = N + 1, M = thr_capacity(K, N);
     std::vector<float> sc((size_t)(D + 1) * K, 0.0f); /* a zero pad row, as staged */
     memcpy(sc.data(), scores, sizeof(float) * D * K);
     std::vector<uint4> rec(Q);
     std::vector<short> fc(Q, -1), ns(Q, -1);
     std::vector<uint8_t> pool(thr_smem_bytes(M) + 16);
     const thr_smem h = thr_carve(pool.data() + 4, M); /* not 16-aligned, like the kernel's base */
-    memset(h.hist, 0, sizeof(int32_t) * 2 * (kBins + 32));
-    h.ss[0] = 0.0f;
-    h.sm[0] = 0;
-    h.misc[2] = h.misc[5] = 0;
+    thr_init(h, 0, 1);
 
     std::barrier<> block(32 * kEmuWarps);
     emu_block blk;

@@ -496,6 +496,21 @@ __device__ void write_request(const kdt_tree_build_params &p, const request_smem
     if (tid == 0) p.num_nodes[b] = n;
 }
 
+/* The sequential path in a block of W warps: one warp selects (rotated by request, which spreads
+ * it over the SM's schedulers when blocks share an SM) while, when `zero`, the others zero the
+ * mask (len bytes); the selecting warp's lane 0 writes *n_nodes. */
+template <int R, int W>
+__device__ __forceinline__ void select_sequential(const request_smem &m, int D, int K, int N, int b, uint8_t *mask,
+                                                  size_t len, bool zero, int *n_nodes) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, sel = b & (W - 1);
+    if (warp == sel) {
+        const int n = select_nodes<R>(m.sc, D, K, N, lane, m.rec, m.fc, m.ns);
+        if (lane == 0) *n_nodes = n;
+    } else if (zero) {
+        zero_bytes(mask, len, tid - (warp > sel ? 32 : 0), 32 * W - 32); /* the helper warps */
+    }
+}
+
 /* Grid: one block of kWarps warps per request. Dynamic shared memory: request_smem, then, when
  * `merge` (the launcher found room), merge_smem_bytes(N, K) for the merge path. */
 template <int R, int CH>
@@ -503,7 +518,7 @@ __global__ void __launch_bounds__(32 * kWarps) tree_build_kernel(kdt_tree_build_
     constexpr int T = 32 * kWarps;
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int n_nodes;
-    const int b = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int b = blockIdx.x, tid = threadIdx.x;
     const int D = p.D, K = p.K, N = p.budget, Q = N + 1;
     const request_smem m = request_carve(smem, D, K, Q);
     const int32_t seq = p.seq_len[b], root = p.root_token[b]; /* used at the end */
@@ -517,14 +532,7 @@ __global__ void __launch_bounds__(32 * kWarps) tree_build_kernel(kdt_tree_build_
         const int n = merge_select<CH>(m.sc, D, K, N, m.rest, m.rec, m.fc, m.ns);
         if (tid == 0) n_nodes = n;
     } else {
-        /* Rotating the selecting warp spreads it over the SM's schedulers when blocks share an SM. */
-        const int sel = b & (kWarps - 1);
-        if (warp == sel) {
-            const int n = select_nodes<R>(m.sc, D, K, N, lane, m.rec, m.fc, m.ns);
-            if (lane == 0) n_nodes = n;
-        } else {
-            zero_bytes(mask, (size_t)Q * Q, tid - (warp > sel ? 32 : 0), T - 32); /* the helper warps */
-        }
+        select_sequential<R, kWarps>(m, D, K, N, b, mask, (size_t)Q * Q, true, &n_nodes);
     }
     __syncthreads(); /* orders the zeroes before the ones below */
     write_request(p, m, b, n_nodes, seq, root, tid, T);
@@ -538,18 +546,13 @@ __global__ void __launch_bounds__(32 * kThrWarps) tree_build_thr_kernel(kdt_tree
     constexpr int T = 32 * kThrWarps;
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int n_nodes;
-    const int b = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int b = blockIdx.x, tid = threadIdx.x;
     const int D = p.D, K = p.K, N = p.budget, Q = N + 1;
     const request_smem m = request_carve(smem, D, K, Q);
     const thr_smem h = thr_carve(m.rest, M);
     const int32_t seq = p.seq_len[b], root = p.root_token[b];
     const int other = stage_request(p, m, b, tid, T);
-    for (int i = tid; i < 2 * (kBins + 32); i += T) h.hist[i] = 0;
-    if (tid == 0) {
-        h.ss[0] = 0.0f;
-        h.sm[0] = 0;
-        h.misc[2] = h.misc[5] = 0; /* level 0's count and flag */
-    }
+    thr_init(h, tid, T);
     uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
     const bool thr = !__syncthreads_or(other);
     int n = -1;
@@ -558,15 +561,7 @@ __global__ void __launch_bounds__(32 * kThrWarps) tree_build_thr_kernel(kdt_tree
         n = thr_select(m.sc, D, K, N, M, h, m.rec, m.fc, m.ns);
         if (tid == 0 && n >= 0) n_nodes = n;
     }
-    if (n < 0) { /* block-uniform */
-        const int sel = b & (kThrWarps - 1);
-        if (warp == sel) {
-            const int cnt = select_nodes<R>(m.sc, D, K, N, lane, m.rec, m.fc, m.ns);
-            if (lane == 0) n_nodes = cnt;
-        } else if (!thr) {
-            zero_bytes(mask, (size_t)Q * Q, tid - (warp > sel ? 32 : 0), T - 32);
-        }
-    }
+    if (n < 0) select_sequential<R, kThrWarps>(m, D, K, N, b, mask, (size_t)Q * Q, !thr, &n_nodes); /* block-uniform */
     __syncthreads(); /* orders the zeroes before the ones below */
     write_request(p, m, b, n_nodes, seq, root, tid, T);
 }
@@ -636,12 +631,6 @@ kdt_status launch_small(const kdt_tree_build_params *p, cudaStream_t stream) {
     KDT_CUDA_CHECK_LAUNCH("tree_build");
     return KDT_OK;
 }
-
-/* The threshold path's room for S: the level that passes N nodes adds at most N K, the later ones
- * few (the pool peaked at 1065 nodes for N = 128, 1957 for N = 256 over 64 requests of the
- * bench's scores, in a numpy model of the path). A multiple of 4 keeps the histogram 16-byte
- * aligned. */
-int thr_capacity(int K, int N) { return (N * (K + 6) + 4) & ~3; }
 
 template <int R>
 kdt_status launch_thr(const kdt_tree_build_params *p, cudaStream_t stream) {

@@ -39,6 +39,11 @@ struct thr_smem {
     int32_t *misc;   /* [10] bin limit by level parity; 3 level counts; 3 "more" flags; -; final count */
 };
 
+/* The pool's room: the level that passes N nodes adds at most N K, the later ones few (the pool
+ * peaked at 1065 nodes for N = 128, 1957 for N = 256 over 64 requests of the bench's scores, in a
+ * numpy model of the path). A multiple of 4 keeps the histogram 16-byte aligned. */
+__host__ __device__ inline int thr_capacity(int K, int N) { return (N * (K + 6) + 4) & ~3; }
+
 __host__ __device__ inline size_t thr_smem_bytes(int M) { return (size_t)24 * M + 4 * (3 * kBins + 64 + 10) + 16; }
 
 __device__ thr_smem thr_carve(uint8_t *base, int M) {
@@ -53,6 +58,17 @@ __device__ thr_smem thr_carve(uint8_t *base, int M) {
     h.bstart = h.hist + 2 * (kBins + 32);
     h.misc = h.bstart + kBins;
     return h;
+}
+
+/* The pool before level 0: S = the root alone, both level histograms empty, level 0's count and
+ * flag cleared; thread tid of T. The caller's barrier follows. */
+__device__ __forceinline__ void thr_init(const thr_smem &h, int tid, int T) {
+    for (int i = tid; i < 2 * (kBins + 32); i += T) h.hist[i] = 0;
+    if (tid == 0) {
+        h.ss[0] = 0.0f;
+        h.sm[0] = 0;
+        h.misc[2] = h.misc[5] = 0;
+    }
 }
 
 constexpr int kBinsPerLane = kBins / 32;
@@ -72,17 +88,22 @@ __device__ __forceinline__ void fold_bins(int (&cum)[kBinsPerLane], int32_t *his
     }
 }
 
+/* Inclusive prefix sum of v over the warp's lanes. */
+__device__ __forceinline__ int warp_scan(int v, int lane) {
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(kFull, v, o);
+        if (lane >= o) v += y;
+    }
+    return v;
+}
+
 /* The smallest bin b with at least N nodes in bins <= b, from the running histogram held by the
  * warp's lanes (which must hold >= N nodes). */
 __device__ int bin_limit(const int (&cum)[kBinsPerLane], int N, int lane) {
     int sum = 0;
 #pragma unroll
     for (int i = 0; i < kBinsPerLane; i++) sum += cum[i];
-    int incl = sum;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(kFull, incl, o);
-        if (lane >= o) incl += y;
-    }
+    const int incl = warp_scan(sum, lane);
     const int first = __ffs(__ballot_sync(kFull, incl >= N)) - 1; /* lane 31 holds all: >= N */
     int b = kBinsPerLane - 1, c = incl; /* c: nodes in bins <= lane * kBinsPerLane + i */
 #pragma unroll
@@ -215,11 +236,7 @@ __device__ int thr_select(const float *sc, int D, int K, int N, int M, const thr
             cum[i] = lane * kBinsPerLane + i <= bmax ? cum[i] : 0;
             sum += cum[i];
         }
-        int incl = sum;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(kFull, incl, o);
-            if (lane >= o) incl += y;
-        }
+        const int incl = warp_scan(sum, lane);
         int run = incl - sum;
 #pragma unroll
         for (int i = 0; i < kBinsPerLane; i++) {
