@@ -2,9 +2,11 @@
  * serving stack would need to use it, on a table of (B, D, K, N), through the library's own
  * entry point (kdt_tree_build with KDT_BACKEND_CUDA / KDT_BACKEND_CPU).
  *
- *   build/bench/bench_tree_build [--out FILE] [--iters N] [--batches K] [--shape B,D,K,N]
+ *   build/bench/bench_tree_build [--out FILE] [--iters N] [--batches K] [--shape B,D,K,N] [--seed S]
  *
- * --shape: that shape of the table alone (both of its rows), e.g. under a profiler.
+ * --shape: that shape of the table alone (both of its rows, the same inputs), e.g. under a
+ * profiler. --seed: another draw of every row's inputs (a row's inputs come from the seed and the
+ * row alone). A batch waits for its deepest request, so B >= 64 rows move with the draw.
  *
  * kernel: average over N back-to-back launches between two events, median of K batches
  *   ("stream"); "graph": the same launches in one CUDA graph (no host launch overhead).
@@ -27,7 +29,7 @@
 static FILE *g_out;
 static int g_iters = 200, g_batches = 11;
 
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static uint64_t g_seed = 0x2545F4914F6CDD1Dull, g_rng;
 static uint32_t rnd(void) { return (uint32_t)(bench_splitmix64(&g_rng) >> 32); }
 
 static int cmp_double(const void *a, const void *b) {
@@ -187,10 +189,11 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_tree_build: --shape wants B,D,K,N\n");
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) g_iters = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) g_iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batches") && i + 1 < argc) g_batches = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_tree_build [--out FILE] [--iters N] [--batches K (1..64)] [--shape B,D,K,N]\n");
+            fprintf(stderr, "usage: bench_tree_build [--out FILE] [--iters N] [--batches K (1..64)] [--shape B,D,K,N] [--seed S]\n");
             return 2;
         }
     }
@@ -208,8 +211,8 @@ int main(int argc, char **argv) {
     bench_emit(g_out, "- kernel: average of %d back-to-back launches between two events, median of %d batches (\"graph\": "
          "the same launches in one CUDA graph); cpu: D2H inputs + C heap (kdt_tree_build, KDT_BACKEND_CPU) + "
          "H2D of all outputs, pinned memory, host clock, median; microseconds\n- floor: bytes read and "
-         "written / 4.1 TB/s\n\n",
-         g_iters, g_batches);
+         "written / 4.1 TB/s\n- inputs: seed %llu (--seed)\n\n",
+         g_iters, g_batches, (unsigned long long)g_seed);
     bench_emit(g_out, "| kernel | stream us | graph us |\n|---|---|---|\n| empty | %.2f | %.2f |\n\n",
          bench_time_launches(launch_empty, NULL, s, 0, g_iters, g_batches), bench_time_launches(launch_empty, NULL, s, 1, g_iters, g_batches));
     bench_emit(g_out, "path: requests on a parallel path of the kernel (threshold or merge; log-probabilities) / on its sequential path (rows "
@@ -230,6 +233,7 @@ int main(int argc, char **argv) {
         kdt_tree_build_params h = d;
         alloc_params(&d, 1);
         alloc_params(&h, 0);
+        g_rng = g_seed ^ 0x9E3779B97F4A7C15ull * (c + 1);
         fill_inputs(&h, positive);
         const int nm = parallel_requests(&h);
         const size_t bdk4 = (size_t)d.B * d.D * d.K * 4, b4 = (size_t)d.B * 4;

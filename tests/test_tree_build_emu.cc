@@ -1,8 +1,8 @@
 /* tree_build's threshold path (src/cuda/tree_build_thr.cuh, the device code the CUDA kernel runs)
  * executed on CPU threads: one std::thread per CUDA thread of a block, __syncthreads a barrier,
  * warp votes and shuffles through a per-warp exchange, shared atomics as std::atomic_ref. Each
- * case's tree is checked against the CPU backend (kdt_tree_build, KDT_BACKEND_CPU) node by node
- * and bit for bit: parents, depths, k, scores, children lists. So the path's logic is tested on
+ * case's outputs (thr_select, then thr_write) are checked against the CPU backend (kdt_tree_build,
+ * KDT_BACKEND_CPU), every tensor bit for bit, from poisoned arrays. So the path's logic is tested on
  * every machine, with or without a GPU (a GPU run proves the compiled kernel: test_tree_build).
  * Inputs ($KDT_SEED, else the clock): log-probabilities of random softmaxes, the bench's scores
  * (quantized: sums collide, so the tie walk runs), few-level ties, -inf/NaN tails, all zeros
@@ -52,6 +52,7 @@ static inline float __fadd_rn(float a, float b) {
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)((uint64_t)a * b >> 32); }
 
 constexpr int kEmuWarps = 16; /* kThrWarps, checked below */
 
@@ -102,20 +103,41 @@ static inline int atomicOr(int32_t *p, int v) { return std::atomic_ref<int32_t>(
 
 static_assert(kThrWarps == kEmuWarps, "the emulated block is kThrWarps warps");
 
-/* ---- one request through thr_select, as tree_build_thr_kernel sets it up ---- */
+/* ---- one request through thr_select and thr_write, as tree_build_thr_kernel runs them ---- */
 
-typedef struct tree {
-    int n; /* draft nodes, -1: the pool outgrew its room (the kernel then runs the sequential path) */
-    std::vector<int> parent, depth, cand, first_child, next_sibling;
+/* A request's input and output arrays (B = 1), filled for the CPU backend or the emulated path. */
+struct request {
+    int32_t root = 1, seq = 0, num = 0;
+    std::vector<int32_t> tok, par, dep, cand, pos, fch, nsib, ntok;
     std::vector<float> score;
-} tree;
+    std::vector<uint8_t> mbuf; /* the mask at mbuf + off: the kernel's request masks start anywhere */
+    uint8_t *mask;
+    size_t mlen;
+    kdt_tree_build_params p = {};
+    request(const float *sc, int D, int K, int N, int off)
+        : tok((size_t)D * K), mbuf((size_t)(N + 1) * (N + 1) + 16, 0xAB), mask(mbuf.data() + off),
+          mlen((size_t)(N + 1) * (N + 1)) {
+        const int Q = N + 1;
+        for (auto *v : {&par, &dep, &cand, &pos, &fch, &nsib, &ntok}) v->assign(Q, -7); /* poison */
+        score.assign(Q, NAN);
+        for (size_t i = 0; i < tok.size(); i++) tok[i] = (int32_t)(i * 2654435761u % 163840);
+        p.B = 1, p.D = D, p.K = K, p.budget = N;
+        p.scores = sc, p.tokens = tok.data(), p.root_token = &root, p.seq_len = &seq;
+        p.num_nodes = &num, p.node_token = ntok.data(), p.node_parent = par.data(), p.node_depth = dep.data();
+        p.node_cand = cand.data(), p.node_score = score.data(), p.positions = pos.data(), p.tree_mask = mask;
+        p.first_child = fch.data(), p.next_sibling = nsib.data();
+    }
+};
 
-static tree run_thr(const float *scores, int D, int K, int N) {
-    const int Q = N + 1, M = thr_capacity(K, N);
-    std::vector<float> sc((size_t)(D + 1) * K, 0.0f); /* a zero pad row, as staged */
-    memcpy(sc.data(), scores, sizeof(float) * D * K);
-    std::vector<uint4> rec(Q);
-    std::vector<short> fc(Q, -1), ns(Q, -1);
+/* Runs the path on one emulated block; returns thr_select's n (-1: the pool outgrew its room, the
+ * kernel then runs the sequential path), -2 when the threads disagree. Like the kernel: the
+ * staged rows with a zero pad row, first_child set to -1 and a small mask zeroed before. */
+static int run_thr(request &q, int D, int K, int N) {
+    const int M = thr_capacity(K, N);
+    std::vector<float> sc((size_t)(D + 1) * K, 0.0f);
+    memcpy(sc.data(), q.p.scores, sizeof(float) * D * K);
+    std::fill(q.fch.begin(), q.fch.end(), -1);
+    if (N + 1 < kMaskBitsQ) memset(q.mask, 0, q.mlen); /* else thr_write writes every byte */
     std::vector<uint8_t> pool(thr_smem_bytes(M) + 16);
     const thr_smem h = thr_carve(pool.data() + 4, M); /* not 16-aligned, like the kernel's base */
     thr_init(h, 0, 1);
@@ -130,31 +152,15 @@ static tree run_thr(const float *scores, int D, int K, int N) {
     for (int t = 0; t < 32 * kEmuWarps; t++)
         th.emplace_back([&, t] {
             threadIdx.x = (unsigned)t;
-            ret[t] = thr_select(sc.data(), D, K, N, M, h, rec.data(), fc.data(), ns.data());
+            int size = 0;
+            const int n = ret[t] = thr_select(sc.data(), D, K, N, M, h, &size);
+            if (n >= 0) thr_write(q.p, 0, h, q.tok.data(), n, size, q.seq, q.root, t, 32 * kEmuWarps);
         });
     for (auto &x : th) x.join();
     for (int w = 0; w < kEmuWarps; w++) delete blk.warp[w];
-
-    tree r;
-    r.n = ret[0];
     for (int t = 1; t < 32 * kEmuWarps; t++)
-        if (ret[t] != ret[0]) r.n = -2; /* every thread must agree */
-    if (r.n < 0) return r;
-    r.parent.assign(Q, -1);
-    r.depth.assign(Q, -1);
-    r.cand.assign(Q, -1);
-    r.score.assign(Q, -INFINITY);
-    r.depth[0] = 0;
-    r.score[0] = 0.0f;
-    for (int i = 1; i <= r.n; i++) {
-        r.parent[i] = (int)(rec[i].x >> 6) & 2047;
-        r.depth[i] = (int)(rec[i].x >> 17);
-        r.cand[i] = (int)(rec[i].x & 63);
-        memcpy(&r.score[i], &rec[i].y, 4);
-    }
-    r.first_child.assign(fc.begin(), fc.end());
-    r.next_sibling.assign(ns.begin(), ns.end());
-    return r;
+        if (ret[t] != ret[0]) return -2; /* every thread must agree */
+    return ret[0];
 }
 
 /* ---- inputs ---- */
@@ -208,43 +214,38 @@ static void fill_row(float *row, int K, int kind) {
 static int g_fail;
 static char g_first[200]; /* the first failure of a kind */
 
-static const char *compare(const tree &e, const kdt_tree_build_params &c, int N) {
+/* The first output where the emulated path differs from the CPU backend, bit for bit; NULL if none. */
+static const char *compare(const request &e, const request &c, int N) {
     const int Q = N + 1;
-    if (e.n != c.num_nodes[0]) return "num_nodes";
-    for (int i = 0; i < Q; i++) {
-        if (e.parent[i] != c.node_parent[i]) return "node_parent";
-        if (e.depth[i] != c.node_depth[i]) return "node_depth";
-        if (e.cand[i] != c.node_cand[i]) return "node_cand";
-        if (memcmp(&e.score[i], &c.node_score[i], 4)) return "node_score";
-        if (e.first_child[i] != c.first_child[i]) return "first_child";
-        if (e.next_sibling[i] != c.next_sibling[i]) return "next_sibling";
-    }
-    return NULL;
+    if (e.num != c.num) return "num_nodes";
+    if (memcmp(e.score.data(), c.score.data(), sizeof(float) * Q)) return "node_score";
+    const struct {
+        const std::vector<int32_t> &a, &b;
+        const char *name;
+    } ints[] = {{e.ntok, c.ntok, "node_token"}, {e.par, c.par, "node_parent"},  {e.dep, c.dep, "node_depth"},
+                {e.cand, c.cand, "node_cand"},  {e.pos, c.pos, "positions"},     {e.fch, c.fch, "first_child"},
+                {e.nsib, c.nsib, "next_sibling"}};
+    for (const auto &t : ints)
+        if (t.a != t.b) return t.name;
+    if (memcmp(e.mask, c.mask, e.mlen)) return "tree_mask";
+    return e.mbuf != c.mbuf ? "bytes beside tree_mask" : NULL;
 }
 
 static void check_case(int kind, int D, int K, int N, int *fallbacks) {
-    const int Q = N + 1;
     std::vector<float> sc((size_t)D * K);
     for (int d = 0; d < D; d++) fill_row(&sc[(size_t)d * K], K, kind);
-    std::vector<int32_t> tok((size_t)D * K, 7), num(1), par(Q), dep(Q), cand(Q), pos(Q), fch(Q), nsib(Q), ntok(Q);
-    std::vector<float> score(Q);
-    std::vector<uint8_t> mask((size_t)Q * Q);
-    int32_t root = 1, seq = 0;
-    kdt_tree_build_params c = {};
-    c.B = 1, c.D = D, c.K = K, c.budget = N;
-    c.scores = sc.data(), c.tokens = tok.data(), c.root_token = &root, c.seq_len = &seq;
-    c.num_nodes = num.data(), c.node_token = ntok.data(), c.node_parent = par.data(), c.node_depth = dep.data();
-    c.node_cand = cand.data(), c.node_score = score.data(), c.positions = pos.data(), c.tree_mask = mask.data();
-    c.first_child = fch.data(), c.next_sibling = nsib.data();
-    kdt_status s = kdt_tree_build(&c, KDT_BACKEND_CPU, NULL);
-    const tree e = run_thr(sc.data(), D, K, N);
-    const char *bad = s != KDT_OK ? "cpu backend failed" : e.n == -2 ? "threads disagree on the result" : NULL;
-    if (!bad && e.n == -1) {
+    const int off = (int)(rnd() % 16);
+    request c(sc.data(), D, K, N, off), e(sc.data(), D, K, N, off);
+    c.seq = e.seq = (int32_t)(rnd() % 100000);
+    const kdt_status s = kdt_tree_build(&c.p, KDT_BACKEND_CPU, NULL);
+    const int n = run_thr(e, D, K, N);
+    const char *bad = s != KDT_OK ? "cpu backend failed" : n == -2 ? "threads disagree on the result" : NULL;
+    if (!bad && n == -1) {
         /* The pool outgrew its room: only ties can do that (every score in few bins). */
         ++*fallbacks;
         if (kind != KIND_ZEROS && kind != KIND_TIES) bad = "the pool outgrew its room on distinct scores";
     } else if (!bad) {
-        bad = compare(e, c, N);
+        bad = n != c.num ? "num_nodes (returned)" : compare(e, c, N);
     }
     if (bad && !g_fail++) snprintf(g_first, sizeof g_first, "  first: D=%d K=%d budget=%d: %s", D, K, N, bad);
 }
@@ -258,7 +259,7 @@ int main(void) {
         g_fail = 0;
         int fallbacks = 0, cases = 0;
         for (int i = 0; i < 12; i++, cases++) {
-            const int N = 65 + (int)(rnd() % 192), D = 1 + (int)(rnd() % 16);
+            const int N = 33 + (int)(rnd() % 224), D = 1 + (int)(rnd() % 16);
             const int K = i == 0 ? 1 : i == 1 ? 24 : 2 + (int)(rnd() % 11);
             check_case(kind, D, K, N, &fallbacks);
         }

@@ -9,8 +9,9 @@
  * above a bound expands its children above the bound (a prefix of its sorted row) into a pool S;
  * a histogram of S's scores by value bins lowers the bound to the bin holding the N-th best node.
  * S then holds the best N and a few more; a counting sort by bin and a comparison within each
- * bin rank them. A pool that outgrows its room (heavy ties) sends the request down the
- * sequential path.
+ * bin rank them, and every output is written from S. Levels with a narrow frontier run on one
+ * warp without block barriers. A pool that outgrows its room (heavy ties) sends the request down
+ * the sequential path.
  *
  * Merge path (larger budgets): a running list G of the best N nodes so far; each depth ranks the
  * children of G's newest nodes (the frontier: K sorted columns, one per k) by binary searches,
@@ -555,21 +556,26 @@ __global__ void __launch_bounds__(32 * kThrWarps) tree_build_thr_kernel(kdt_tree
     thr_init(h, tid, T);
     uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
     const bool thr = !__syncthreads_or(other);
-    int n = -1;
-    if (thr) {
-        zero_bytes(mask, (size_t)Q * Q, tid, T);
-        n = thr_select(m.sc, D, K, N, M, h, m.rec, m.fc, m.ns);
-        if (tid == 0 && n >= 0) n_nodes = n;
+    if (thr) { /* block-uniform, as is n */
+        if (Q < kMaskBitsQ) zero_bytes(mask, (size_t)Q * Q, tid, T);
+        for (int i = tid; i < Q; i += T) p.first_child[(size_t)b * Q + i] = -1;
+        int size;
+        const int n = thr_select(m.sc, D, K, N, M, h, &size); /* its barriers order the fills above first */
+        if (n >= 0) {
+            thr_write(p, b, h, m.tk, n, size, seq, root, tid, T);
+            return;
+        }
     }
-    if (n < 0) select_sequential<R, kThrWarps>(m, D, K, N, b, mask, (size_t)Q * Q, !thr, &n_nodes); /* block-uniform */
+    select_sequential<R, kThrWarps>(m, D, K, N, b, mask, (size_t)Q * Q, !thr || Q >= kMaskBitsQ, &n_nodes);
     __syncthreads(); /* orders the zeroes before the ones below */
     write_request(p, m, b, n_nodes, seq, root, tid, T);
 }
 
 /* Small budgets (N <= kSmallN): every request on the sequential path, in a block of kSmallWarps
- * warps: one selects while the others zero the mask, then all write. The merge path's per-depth
- * barriers and 16 warps cost more than N sequential steps there (docs/perf/tree_build.md). */
-constexpr int kSmallN = 64, kSmallWarps = 4;
+ * warps: one selects while the others zero the mask, then all write. The threshold path's levels
+ * cost more than N sequential steps there (B = 1, N = 12: 8.5 us vs 5.1), less from N = 64 on
+ * (B = 64: 12.9 vs 17.3; docs/perf/tree_build.md). */
+constexpr int kSmallN = 32, kSmallWarps = 4;
 constexpr int kThrMaxN = 256; /* the threshold path's largest budget */
 
 template <int R>
@@ -648,7 +654,10 @@ kdt_status launch_thr(const kdt_tree_build_params *p, cudaStream_t stream) {
  * kernel), 1 threshold, 2 merge. */
 int path_of(int D, int K, int N) {
     if (N <= kSmallN) return 0;
-    if (N <= kThrMaxN && base_smem(D, K, N) + thr_smem_bytes(thr_capacity(K, N)) <= kMaxSmem) return 1;
+    const int M = thr_capacity(K, N);
+    if (N <= kThrMaxN && base_smem(D, K, N) + thr_smem_bytes(M) <= kMaxSmem &&
+        (size_t)4 * (N + 1) * thr_row_words(N + 1) <= (size_t)8 * M) /* the mask's bit rows fit the key array */
+        return 1;
     return base_smem(D, K, N) + merge_smem_bytes(N, K) <= kMaxSmem ? 2 : 0;
 }
 
@@ -664,7 +673,7 @@ extern "C" kdt_status kdt_tree_build_cuda(const kdt_tree_build_params *p, void *
     static_assert(kSmallN <= 64, "R = 2 slots a lane hold 64 nodes");
     if (path == 0 && N <= 64) return N <= 32 ? launch_small<1>(p, s) : launch_small<2>(p, s);
     static_assert(kThrMaxN <= 256, "R = 8 slots a lane hold 256 nodes");
-    if (path == 1) return N <= 128 ? launch_thr<4>(p, s) : launch_thr<8>(p, s); /* N > kSmallN */
+    if (path == 1) return N <= 64 ? launch_thr<2>(p, s) : N <= 128 ? launch_thr<4>(p, s) : launch_thr<8>(p, s);
     if (N <= 128) return launch_ch<4>(p, s);
     if (N <= 256) return launch_ch<8>(p, s);
     if (N <= 512) return launch_ch<16>(p, s);

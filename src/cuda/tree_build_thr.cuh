@@ -34,9 +34,10 @@ struct thr_smem {
     uint32_t *sm;    /* [M] parent's S index << 13 | depth << 6 | k */
     int32_t *rk;     /* [M] a node's rank among the final candidates (INT32_MAX: not one) */
     int32_t *lst;    /* [M] final candidates by bin: S index */
-    int32_t *hist;   /* [2, kBins + 32] nodes a level adds per bin (by level parity); a spare bin a lane */
+    int32_t *hist;   /* [kBins + 32] nodes of S per bin (the root aside); a spare bin a lane */
+    int32_t *cursor; /* [kBins + 32] the counting sort's cursors */
     int32_t *bstart; /* [kBins] final candidates in lower bins */
-    int32_t *misc;   /* [10] bin limit by level parity; 3 level counts; 3 "more" flags; -; final count */
+    int32_t *misc;   /* [15] bin limit by level parity; 3 level counts; 3 "more" flags; -; final count; narrow state */
 };
 
 /* The pool's room: the level that passes N nodes adds at most N K, the later ones few (the pool
@@ -44,7 +45,7 @@ struct thr_smem {
  * numpy model of the path). A multiple of 4 keeps the histogram 16-byte aligned. */
 __host__ __device__ inline int thr_capacity(int K, int N) { return (N * (K + 6) + 4) & ~3; }
 
-__host__ __device__ inline size_t thr_smem_bytes(int M) { return (size_t)24 * M + 4 * (3 * kBins + 64 + 10) + 16; }
+__host__ __device__ inline size_t thr_smem_bytes(int M) { return (size_t)24 * M + 4 * (3 * kBins + 64 + 16) + 16; }
 
 __device__ thr_smem thr_carve(uint8_t *base, int M) {
     thr_smem h;
@@ -55,15 +56,16 @@ __device__ thr_smem thr_carve(uint8_t *base, int M) {
     h.rk = (int32_t *)(h.sm + M);
     h.lst = h.rk + M;
     h.hist = h.lst + M;
-    h.bstart = h.hist + 2 * (kBins + 32);
+    h.cursor = h.hist + kBins + 32;
+    h.bstart = h.cursor + kBins + 32;
     h.misc = h.bstart + kBins;
     return h;
 }
 
-/* The pool before level 0: S = the root alone, both level histograms empty, level 0's count and
+/* The pool before level 0: S = the root alone, the histogram empty, level 0's count and
  * flag cleared; thread tid of T. The caller's barrier follows. */
 __device__ __forceinline__ void thr_init(const thr_smem &h, int tid, int T) {
-    for (int i = tid; i < 2 * (kBins + 32); i += T) h.hist[i] = 0;
+    for (int i = tid; i < kBins + 32; i += T) h.hist[i] = 0;
     if (tid == 0) {
         h.ss[0] = 0.0f;
         h.sm[0] = 0;
@@ -73,18 +75,15 @@ __device__ __forceinline__ void thr_init(const thr_smem &h, int tid, int T) {
 
 constexpr int kBinsPerLane = kBins / 32;
 
-/* Adds a level's histogram (shared [kBins]) to a lane's share of the running one (registers: bins
- * lane * kBinsPerLane + i), clearing it for reuse when `clear`. */
-__device__ __forceinline__ void fold_bins(int (&cum)[kBinsPerLane], int32_t *hist, int lane, bool clear) {
+/* A lane's share of the histogram: bins lane * kBinsPerLane + i (16-byte loads). */
+__device__ __forceinline__ void load_bins(int (&v)[kBinsPerLane], const int32_t *hist, int lane) {
 #pragma unroll
     for (int i = 0; i < kBinsPerLane; i += 4) {
-        int4 *q = (int4 *)&hist[lane * kBinsPerLane + i];
-        const int4 v = *q;
-        cum[i] += v.x;
-        cum[i + 1] += v.y;
-        cum[i + 2] += v.z;
-        cum[i + 3] += v.w;
-        if (clear) *q = make_int4(0, 0, 0, 0);
+        const int4 q = *(const int4 *)&hist[lane * kBinsPerLane + i];
+        v[i] = q.x;
+        v[i + 1] = q.y;
+        v[i + 2] = q.z;
+        v[i + 3] = q.w;
     }
 }
 
@@ -97,9 +96,11 @@ __device__ __forceinline__ int warp_scan(int v, int lane) {
     return v;
 }
 
-/* The smallest bin b with at least N nodes in bins <= b, from the running histogram held by the
- * warp's lanes (which must hold >= N nodes). */
-__device__ int bin_limit(const int (&cum)[kBinsPerLane], int N, int lane) {
+/* The smallest bin b with at least N nodes in bins <= b, from the histogram (which must hold
+ * >= N nodes); on one whole warp. */
+__device__ int bin_limit(const int32_t *hist, int N, int lane) {
+    int cum[kBinsPerLane];
+    load_bins(cum, hist, lane);
     int sum = 0;
 #pragma unroll
     for (int i = 0; i < kBinsPerLane; i++) sum += cum[i];
@@ -128,94 +129,184 @@ __device__ __forceinline__ bool tie_precedes(const float *ss, const uint32_t *sm
     return false;
 }
 
+/* A level's row in registers: its head (no loads in the loops), the next row's best, the bound. */
+struct level_row {
+    const float *x; /* [K] the row, shared */
+    float x8[8];    /* x[min(u, K - 1)] */
+    float xnext;    /* the next row's best (-inf at the last depth) */
+    float lim;      /* a score is in a bin <= bmax iff it is above lim */
+};
+
+__device__ __forceinline__ level_row load_row(const float *sc, int t, int D, int K, int bmax) {
+    level_row r;
+    r.x = sc + t * K;
+#pragma unroll
+    for (int u = 0; u < 8; u++) r.x8[u] = r.x[min(u, K - 1)];
+    r.xnext = t + 1 < D ? r.x[K] : -INFINITY;
+    r.lim = bin_floor(bmax);
+    return r;
+}
+
+/* Frontier node f's children above the bound: a prefix of the sorted row; its length. */
+__device__ __forceinline__ int count_children(float s, const level_row &r, int K) {
+    int cnt = 0;
+    if (s > r.lim) {
+#pragma unroll
+        for (int u = 0; u < 8; u++) cnt += u < K && __fadd_rn(s, r.x8[u]) > r.lim;
+        if (cnt == 8)
+            while (cnt < K && __fadd_rn(s, r.x[cnt]) > r.lim) cnt++;
+    }
+    return cnt;
+}
+
+/* The warp's exclusive prefix of cnt (<= K <= 64) and its total, by ballots over cnt's 7 bits:
+ * all issued before any count is used, with no branch between them (a loop cut at K's top bit
+ * cost ~70 cycles a bit). */
+__device__ __forceinline__ int warp_prefix(int cnt, int lane, int *tot) {
+    const unsigned lt = (1u << lane) - 1;
+    unsigned m[7];
+#pragma unroll
+    for (int bit = 0; bit < 7; bit++) m[bit] = __ballot_sync(kFull, cnt >> bit & 1);
+    int excl = 0, sum = 0;
+#pragma unroll
+    for (int bit = 0; bit < 7; bit++) {
+        excl += __popc(m[bit] & lt) << bit;
+        sum += __popc(m[bit]) << bit;
+    }
+    *tot = sum;
+    return excl;
+}
+
+/* Whether any of the warp's new children can have a child above the bound (bounds only tighten;
+ * a node's first child is its best). */
+__device__ __forceinline__ bool warp_grows(float s, int cnt, const level_row &r) {
+    return __any_sync(kFull, cnt > 0 && __fadd_rn(__fadd_rn(s, r.x8[0]), r.xnext) > r.lim);
+}
+
+/* Writes node f's cnt children (depth t + 1) at S[off ..] and counts them in hist; branch-free
+ * over the row's head: past cnt, a lane counts into its own spare bin. */
+__device__ __forceinline__ void write_children(const thr_smem &h, int32_t *hist, int off, int cnt, float s, int f, int t,
+                                               const level_row &r, int lane) {
+    const uint32_t meta = (uint32_t)f << 13 | (uint32_t)(t + 1) << 6;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const float c = __fadd_rn(s, r.x8[u]);
+        if (u < cnt) {
+            h.ss[off + u] = c;
+            h.sm[off + u] = meta | (uint32_t)u;
+        }
+        atomicAdd(&hist[u < cnt ? score_bin(c) : kBins + lane], 1);
+    }
+    for (int k = 8; k < cnt; k++) {
+        const float c = __fadd_rn(s, r.x[k]);
+        h.ss[off + k] = c;
+        h.sm[off + k] = meta | (uint32_t)k;
+        atomicAdd(&hist[score_bin(c)], 1);
+    }
+}
+
+/* Narrow levels (a frontier of at most 32 nodes) on one warp, the keeper, without block
+ * barriers: lane i expands frontier node i, places come from the warp prefix. The bound is set
+ * once S reaches N nodes, then kept while the levels stay narrow: a stale bound only loosens, so
+ * S still holds every node that a fresh one keeps (and maybe a few more), and a level saves the
+ * bin search (~370 of its ~1400 cycles). Returns 0 when the next frontier is wide (t, lo, hi,
+ * bmax updated, the bound fresh), 1 when the tree is complete, -1 when S would outgrow M. */
+__device__ int narrow_levels(const float *sc, int D, int K, int N, int M, const thr_smem &h, int lane, int &t, int &lo,
+                             int &hi, int &bmax) {
+    bool unbound = hi - 1 < N; /* S holds fewer than N nodes: no bound yet */
+    for (; t < D; t++) {
+        if (hi - lo > 32) {
+            if (hi - 1 >= N) bmax = bin_limit(h.hist, N, lane);
+            return 0;
+        }
+        const level_row r = load_row(sc, t, D, K, bmax);
+        const int f = lo + lane;
+        const float s = f < hi ? h.ss[f] : -INFINITY;
+        const int cnt = count_children(s, r, K);
+        int tot;
+        const int excl = warp_prefix(cnt, lane, &tot);
+        if (hi + tot > M) return -1;
+        write_children(h, h.hist, hi + excl, cnt, s, f, t, r, lane);
+        const bool grows = warp_grows(s, cnt, r);
+        lo = hi;
+        hi += tot;
+        __syncwarp(); /* the next level reads the nodes other lanes wrote */
+        if (unbound && hi - 1 >= N) {
+            bmax = bin_limit(h.hist, N, lane);
+            unbound = false;
+        }
+        if (!grows) break;
+    }
+    return 1; /* a stale final bound only adds candidates: S holds the best N and all that precede them */
+}
+
 /* Runs on the whole block after a barrier that follows the kernel's set-up of S[0], hist and
- * misc; returns the number of draft nodes (records in rec, lists in fc / ns), or -1 when S would
- * outgrow its M entries (then nothing was written but the mask's zeroes). Rows must be sorted and
- * no score above 0.
+ * misc; returns the number of draft nodes n (the candidates' ranks in rk, S's size in *size, for
+ * thr_write), or -1 when S would outgrow its M entries. Rows must be sorted and no score above 0.
  * Levels: every node of the newest level whose bin is <= b counts its children of bin <= b (a
- * prefix of the sorted row), takes places for them in S (one shared atomic a warp: the order of
- * parents in S is free), writes them and counts them in the level's histogram; after a barrier
- * the keeper warp folds the level into its running histogram and lowers b to the smallest bin
- * holding N nodes of S (published after a second barrier). The final candidates (bin <= b: a
- * superset of the best N, closed under parents, usually N plus a few) are then sorted by bin (a
- * counting sort); a candidate's rank = the candidates of lower bins + those of its own bin that
- * precede it: higher key (score, then lower depth) or, on an equal key, the parents' walk. */
-__device__ int thr_select(const float *sc, int D, int K, int N, int M, const thr_smem &h, uint4 *rec, short *fc, short *ns) {
+ * prefix of the sorted row), takes places for them in S (the order of parents in S is free),
+ * writes them and counts them in S's histogram; the keeper warp lowers b to the smallest bin
+ * holding N nodes of S. Narrow levels run on the keeper alone (and keep b once set), wide ones on
+ * every warp (a shared atomic a warp for the places, a barrier, the keeper, a barrier). The final
+ * candidates (bin <= b: a superset of the best N, closed under
+ * parents, usually N plus a few) are then sorted by bin (a counting sort); a candidate's rank =
+ * the candidates of lower bins + those of its own bin that precede it: higher key (score, then
+ * lower depth) or, on an equal key, the parents' walk. */
+__device__ int thr_select(const float *sc, int D, int K, int N, int M, const thr_smem &h, int *size) {
     constexpr int T = 32 * kThrWarps;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    constexpr int kKeeper = kThrWarps - 1; /* the warp that keeps the running histogram */
-    int lo = 0, hi = 1, bmax = kBins - 1;
-    int cum[kBinsPerLane]; /* the keeper's running histogram of S: bins lane * kBinsPerLane + i */
-#pragma unroll
-    for (int i = 0; i < kBinsPerLane; i++) cum[i] = 0;
-    for (int t = 0; t < D; t++) {
-        const float *x = sc + t * K;
-        const float lim = bin_floor(bmax); /* a score is in a bin <= bmax iff it is above lim */
-        float x8[8];                       /* the row's head in registers: no loads in the loops */
-#pragma unroll
-        for (int u = 0; u < 8; u++) x8[u] = x[min(u, K - 1)];
-        const float xnext = t + 1 < D ? x[K] : -INFINITY; /* the next row's best */
-        int32_t *ctr = h.misc + 2 + t % 3;                /* level t's count and "more" flag */
-        int32_t *more = h.misc + 5 + t % 3;               /* (cleared a level ahead) */
+    constexpr int kKeeper = 0; /* the warp that keeps the running histogram and runs narrow levels */
+    int lo = 0, hi = 1, bmax = kBins - 1, t = 0;
+    while (t < D) {
+        if (hi - lo <= 32) { /* block-uniform */
+            if (warp == kKeeper) {
+                const int st = narrow_levels(sc, D, K, N, M, h, lane, t, lo, hi, bmax);
+                if (lane == 0) {
+                    int32_t *q = h.misc + 10;
+                    q[0] = st;
+                    q[1] = t;
+                    q[2] = lo;
+                    q[3] = hi;
+                    q[4] = bmax;
+                    h.misc[2 + t % 3] = h.misc[5 + t % 3] = 0; /* the next wide level's count and flag */
+                }
+            }
+            __syncthreads();
+            const int st = h.misc[10];
+            t = h.misc[11];
+            lo = h.misc[12];
+            hi = h.misc[13];
+            bmax = h.misc[14];
+            if (st < 0) return -1; /* S is full: the caller takes the sequential path */
+            if (st > 0) break;
+            continue; /* misc[10 ..] is rewritten only after the wide level's barriers */
+        }
+        const level_row r = load_row(sc, t, D, K, bmax);
+        int32_t *ctr = h.misc + 2 + t % 3;  /* level t's count and "more" flag */
+        int32_t *more = h.misc + 5 + t % 3; /* (cleared a level ahead) */
         if (tid == 0) h.misc[2 + (t + 1) % 3] = h.misc[5 + (t + 1) % 3] = 0;
-        int32_t *hist = h.hist + (t & 1) * (kBins + 32);
         for (int f0 = lo; f0 < hi; f0 += T) {
             if (f0 + warp * 32 >= hi) continue; /* warp-uniform: no node of this chunk here */
             const int f = f0 + tid;
-            float s = 0.0f;
-            int cnt = 0; /* children above lim: a prefix of the sorted row */
-            if (f < hi && (s = h.ss[f]) > lim) {
-#pragma unroll
-                for (int u = 0; u < 8; u++) cnt += u < K && __fadd_rn(s, x8[u]) > lim;
-                if (cnt == 8)
-                    while (cnt < K && __fadd_rn(s, x[cnt]) > lim) cnt++;
-            }
-            /* places in S: the warp's prefix by ballots over cnt's bits (cnt <= K <= 64), one
-             * shared atomic a warp */
-            const unsigned lt = (1u << lane) - 1;
-            int excl = 0, tot = 0;
-#pragma unroll
-            for (int bit = 0; bit < 7; bit++) {
-                if (1 << bit > K) break;
-                const unsigned m = __ballot_sync(kFull, cnt >> bit & 1);
-                excl += __popc(m & lt) << bit;
-                tot += __popc(m) << bit;
-            }
+            const float s = f < hi ? h.ss[f] : -INFINITY;
+            const int cnt = count_children(s, r, K);
+            int tot;
+            const int excl = warp_prefix(cnt, lane, &tot);
             int base = 0;
             if (lane == 0 && tot) base = atomicAdd(ctr, tot);
             const int off = hi + __shfl_sync(kFull, base, 0) + excl;
-            /* A child with no child above lim ends its branch (bounds only tighten); the first
-             * child is the best. */
-            const bool grows = __any_sync(kFull, cnt > 0 && __fadd_rn(__fadd_rn(s, x8[0]), xnext) > lim);
+            const bool grows = warp_grows(s, cnt, r);
             if (lane == 0 && grows) atomicOr(more, 1);
-            if (off + cnt <= M) {
-                const uint32_t meta = (uint32_t)f << 13 | (uint32_t)(t + 1) << 6;
-#pragma unroll
-                for (int u = 0; u < 8; u++) { /* branch-free: past cnt, a lane counts into its own spare bin */
-                    const float c = __fadd_rn(s, x8[u]);
-                    if (u < cnt) {
-                        h.ss[off + u] = c;
-                        h.sm[off + u] = meta | (uint32_t)u;
-                    }
-                    atomicAdd(&hist[u < cnt ? score_bin(c) : kBins + lane], 1);
-                }
-                for (int k = 8; k < cnt; k++) {
-                    const float c = __fadd_rn(s, x[k]);
-                    h.ss[off + k] = c;
-                    h.sm[off + k] = meta | (uint32_t)k;
-                    atomicAdd(&hist[score_bin(c)], 1);
-                }
-            }
+            if (off + cnt <= M) write_children(h, h.hist, off, cnt, s, f, t, r, lane);
         }
         __syncthreads();
         const int top = hi + *ctr, grow = *more;
         if (top > M) return -1; /* S is full: the caller takes the sequential path */
-        /* The keeper folds the level into its running histogram (clearing the buffer for level
-         * t + 2) and, once S holds N nodes, publishes the new bin limit (a slot by parity). */
-        if (warp == kKeeper) fold_bins(cum, hist, lane, true);
+        /* Once S holds N nodes, the keeper publishes the new bin limit (a slot by parity); the
+         * others wait, so the histogram is still. */
         if (top - 1 >= N) { /* block-uniform */
             if (warp == kKeeper) {
-                const int b = bin_limit(cum, N, lane);
+                const int b = bin_limit(h.hist, N, lane);
                 if (lane == 0) h.misc[t & 1] = b;
             }
             __syncthreads();
@@ -223,14 +314,16 @@ __device__ int thr_select(const float *sc, int D, int K, int N, int M, const thr
         }
         lo = hi;
         hi = top;
+        t++;
         if (!grow) break; /* no node of S can have a child above the bound: the tree is complete */
     }
 
     /* Counting sort of the final candidates by bin: the keeper writes bstart = exclusive prefix
-     * of cum over bins <= bmax, also as the bins' cursors (in a spent level buffer). */
-    int32_t *cursor = h.hist;
+     * of the histogram over bins <= bmax, also as the bins' cursors. */
+    int32_t *cursor = h.cursor;
     if (warp == kKeeper) {
-        int sum = 0;
+        int cum[kBinsPerLane], sum = 0;
+        load_bins(cum, h.hist, lane);
 #pragma unroll
         for (int i = 0; i < kBinsPerLane; i++) {
             cum[i] = lane * kBinsPerLane + i <= bmax ? cum[i] : 0;
@@ -273,18 +366,125 @@ __device__ int thr_select(const float *sc, int D, int K, int N, int M, const thr
     }
     __syncthreads();
 
-    /* Node r + 1 = the candidate of rank r < N. A node's children are its k = 0, 1, ... (a prefix,
-     * in index order), contiguous in S: k = 0 heads the list, S's next entry follows. Indices read
-     * from shared memory are clamped: memory-safe whatever the ranks. */
+    *size = hi;
+    return min(N, nc);
+}
+
+/* From this Q on, thr_write builds the mask as bit rows and writes it whole; below, the kernel
+ * zeroes the mask first (its stores drain during the levels) and thr_write stores the ones. On the
+ * H200 (docs/perf/tree_build.md): B = 256, N = 256: 25.3 -> 22.3 us with bit rows; B = 64,
+ * N = 128: 15.1 us scattered, 15.5 with bit rows. */
+constexpr int kMaskBitsQ = 160;
+
+/* Words of a mask row as bits: Q bits and a zero word, so that the 16 bits from any column < Q
+ * lie in two words. thr_write keeps Q such rows in the spent key array (8 M bytes: thr_capacity
+ * leaves room, see kdt_tree_build_cuda_path's check). */
+__host__ __device__ inline int thr_row_words(int Q) { return (Q + 31) / 32 + 1; }
+
+/* Bits col .. col + 15 of a bit row (col < Q). */
+__device__ __forceinline__ uint32_t row_bits16(const uint32_t *row, int col) {
+    const uint64_t w = (uint64_t)row[(col >> 5) + 1] << 32 | row[col >> 5];
+    return (uint32_t)(w >> (col & 31)) & 0xffffu;
+}
+
+/* The mask's bytes pos .. pos + 15 (pos + 16 <= Q Q) as bits: a row's tail, then maybe the next
+ * row's head (Q >= 16). pos / Q = __umulhi(pos, qinv), qinv = 2^32 / Q rounded up: exact for
+ * pos < Q Q (checked for every Q <= 1099). */
+__device__ __forceinline__ uint32_t mask_bits16(const uint32_t *bits, int W, int Q, uint32_t qinv, int pos) {
+    const int r = (int)__umulhi((uint32_t)pos, qinv), c = pos - r * Q, n1 = Q - c;
+    uint32_t v = row_bits16(bits + r * W, c);
+    if (n1 < 16) v = (v & ((1u << n1) - 1)) | (row_bits16(bits + (r + 1) * W, 0) << n1 & 0xffffu);
+    return v;
+}
+
+/* The mask's byte pos as a bit. */
+__device__ __forceinline__ uint8_t mask_bit(const uint32_t *bits, int W, int Q, uint32_t qinv, int pos) {
+    const int r = (int)__umulhi((uint32_t)pos, qinv), c = pos - r * Q;
+    return (uint8_t)(bits[r * W + (c >> 5)] >> (c & 31) & 1);
+}
+
+/* Four bits to four bytes of 0 / 1 (bit i to byte i: the products land on disjoint bits). */
+__device__ __forceinline__ uint32_t bits_to_bytes(uint32_t nib) { return nib * 0x204081u & 0x01010101u; }
+
+/* Writes request b's outputs straight from the pool, after thr_select (its last barrier orders
+ * the ranks before): node r + 1 = the candidate of rank r < N, n = min(N, candidates) nodes, S of
+ * `size` entries. The caller has set the request's first_child to -1 (and zeroed the mask when
+ * Q < kMaskBitsQ), with a barrier since. A node's children are its k = 0, 1, ... (a prefix, in
+ * index order), contiguous in S: a k = 0 child heads its parent's list, S's next entry follows.
+ * A mask row's ones: the node, its ancestors by the parents in S (each below its child, so the
+ * walk ends) and the root; stored one by one, or from Q = kMaskBitsQ on, as bit rows in shared
+ * memory, then the whole mask in 16-byte stores. Indices read from shared memory are clamped:
+ * memory-safe whatever the ranks. Every thread of the block, tid of T. */
+__device__ void thr_write(const kdt_tree_build_params &p, int b, const thr_smem &h, const int32_t *tk, int n, int size,
+                          int32_t seq, int32_t root, int tid, int T) {
+    const int K = p.K, N = p.budget, Q = N + 1, nc = h.misc[9], W = thr_row_words(Q);
+    const size_t o = (size_t)b * Q;
+    uint32_t *bits = (uint32_t *)h.key; /* [Q, W] */
     for (int c = tid; c < nc; c += T) {
         const int i = h.lst[c], r = h.rk[i];
         if (r >= N) continue;
         const uint32_t mt = h.sm[i];
-        const int ps = (int)(mt >> 13), k = (int)(mt & 63);
+        const int ps = (int)(mt >> 13), k = (int)(mt & 63), dep = (int)(mt >> 6 & 127), v = r + 1;
         const int pi = ps == 0 ? 0 : min(h.rk[ps], N - 1) + 1;
-        rec[r + 1] = make_uint4((mt >> 6 & 127u) << 17 | (uint32_t)pi << 6 | (uint32_t)k, __float_as_uint(h.ss[i]), 0, 0);
-        if (k == 0) fc[pi] = (short)(r + 1);
-        if (i + 1 < hi && (int)(h.sm[i + 1] >> 13) == ps && h.rk[i + 1] < N) ns[r + 1] = (short)(h.rk[i + 1] + 1);
+        const bool sib = i + 1 < size && (int)(h.sm[i + 1] >> 13) == ps && h.rk[i + 1] < N;
+        p.node_token[o + v] = tk[(dep - 1) * K + k];
+        p.node_parent[o + v] = pi;
+        p.node_depth[o + v] = dep;
+        p.node_cand[o + v] = k;
+        p.node_score[o + v] = h.ss[i];
+        p.positions[o + v] = (int32_t)((uint32_t)seq + (uint32_t)dep); /* wraps, never UB, on a bad seq_len */
+        p.next_sibling[o + v] = sib ? h.rk[i + 1] + 1 : -1;
+        if (k == 0) p.first_child[o + pi] = v;
+        if (Q < kMaskBitsQ) {
+            uint8_t *row = p.tree_mask + (size_t)b * Q * Q + (size_t)v * Q;
+            row[0] = row[v] = 1;
+            for (int a = min(ps, i - 1); a > 0; a = min((int)(h.sm[a] >> 13), a - 1)) row[min(h.rk[a], N - 1) + 1] = 1;
+            continue;
+        }
+        /* row v: the ancestors' indices fall along the walk, so each word is stored once */
+        uint32_t *row = bits + v * W;
+        for (int w = 0; w < W; w++) row[w] = 0;
+        int cw = v >> 5;
+        uint32_t acc = 1u << (v & 31);
+        for (int a = min(ps, i - 1);; a = min((int)(h.sm[a] >> 13), a - 1)) {
+            const int x = a > 0 ? min(h.rk[a], N - 1) + 1 : 0; /* S node a's index, the root's 0 */
+            if (x >> 5 != cw) {
+                row[cw] = acc;
+                cw = x >> 5;
+                acc = 0;
+            }
+            acc |= 1u << (x & 31);
+            if (a <= 0) break;
+        }
+        row[cw] = acc;
     }
-    return min(N, nc);
+    for (int i = tid; i < Q; i += T) { /* the root and the fills */
+        if (i > 0 && i <= n) continue;
+        p.node_token[o + i] = i ? -1 : root;
+        p.node_parent[o + i] = -1;
+        p.node_depth[o + i] = i ? -1 : 0;
+        p.node_cand[o + i] = -1;
+        p.node_score[o + i] = i ? -INFINITY : 0.0f;
+        p.positions[o + i] = i ? -1 : seq;
+        p.next_sibling[o + i] = -1;
+        if (Q >= kMaskBitsQ)
+            for (int w = 0; w < W; w++) bits[i * W + w] = i || w ? 0u : 1u;
+        else if (i == 0)
+            p.tree_mask[(size_t)b * Q * Q] = 1;
+    }
+    if (tid == 0) p.num_nodes[b] = n;
+    if (Q < kMaskBitsQ) return; /* block-uniform */
+    __syncthreads();
+
+    /* The mask [Q, Q]: bytes up to the first 16-byte boundary, 16-byte stores, the tail. */
+    uint8_t *mask = p.tree_mask + (size_t)b * Q * Q;
+    const int len = Q * Q, head = min((int)((16 - ((uintptr_t)mask & 15)) & 15), len), body = (len - head) / 16;
+    const uint32_t qinv = 0xffffffffu / (uint32_t)Q + 1;
+    for (int j = tid; j < head; j += T) mask[j] = mask_bit(bits, W, Q, qinv, j);
+    for (int j = tid; j < body; j += T) {
+        const uint32_t v = mask_bits16(bits, W, Q, qinv, head + 16 * j);
+        ((uint4 *)(mask + head))[j] = make_uint4(bits_to_bytes(v & 15), bits_to_bytes(v >> 4 & 15),
+                                                 bits_to_bytes(v >> 8 & 15), bits_to_bytes(v >> 12));
+    }
+    for (int j = head + 16 * body + tid; j < len; j += T) mask[j] = mask_bit(bits, W, Q, qinv, j);
 }
