@@ -6,7 +6,8 @@
  * every machine, with or without a GPU (a GPU run proves the compiled kernel: test_tree_build).
  * Inputs ($KDT_SEED, else the clock): log-probabilities of random softmaxes, the bench's scores
  * (quantized: sums collide, so the tie walk runs), few-level ties, -inf/NaN tails, all zeros
- * (a pool that outgrows its room: the kernel's fallback, counted and checked as such). */
+ * (a pool that outgrows its room: the kernel's fallback, counted and checked as such), and a
+ * confident drafter's long chains (D 16 .. 64: many narrow levels, some pools outgrow theirs). */
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -174,8 +175,8 @@ static uint32_t rnd(void) {
 }
 static float uniform(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; }
 
-enum { KIND_LOGPROB, KIND_BENCH, KIND_TIES, KIND_TAILS, KIND_ZEROS, N_KINDS };
-static const char *kind_name[N_KINDS] = {"logprob", "bench", "ties", "tails", "zeros"};
+enum { KIND_LOGPROB, KIND_BENCH, KIND_TIES, KIND_TAILS, KIND_ZEROS, KIND_DEEP, N_KINDS };
+static const char *kind_name[N_KINDS] = {"logprob", "bench", "ties", "tails", "zeros", "deep"};
 
 static void fill_row(float *row, int K, int kind) {
     if (kind == KIND_BENCH) { /* bench/bench_tree_build.cu's rule */
@@ -183,6 +184,14 @@ static void fill_row(float *row, int K, int kind) {
         for (int k = 0; k < K; k++) {
             row[k] = v;
             v -= 0.02f + (float)(rnd() % 1000) / 400.0f;
+        }
+        return;
+    }
+    if (kind == KIND_DEEP) { /* a confident drafter: one candidate near 0, so long narrow chains */
+        float v = -0.05f * uniform();
+        for (int k = 0; k < K; k++) {
+            row[k] = v;
+            v -= 0.5f + 3.0f * uniform();
         }
         return;
     }
@@ -231,6 +240,24 @@ static const char *compare(const request &e, const request &c, int N) {
     return e.mbuf != c.mbuf ? "bytes beside tree_mask" : NULL;
 }
 
+/* Whether the path's first bound falls beyond its bins: the N-th best of the trie's nodes down to
+ * the first depth where they number N (S before any bound) is in the last bin, which prunes
+ * nothing (the bench's rule at K = 24 does that). */
+static bool first_bound_unbinned(const std::vector<float> &sc, int D, int K, int N) {
+    std::vector<float> level{0.0f}, all;
+    for (int t = 0; t < D && (int)all.size() < N; t++) {
+        std::vector<float> next;
+        for (float p : level)
+            for (int k = 0; k < K; k++)
+                if (std::isfinite(__fadd_rn(p, sc[(size_t)t * K + k]))) next.push_back(__fadd_rn(p, sc[(size_t)t * K + k]));
+        all.insert(all.end(), next.begin(), next.end());
+        level.swap(next);
+    }
+    if ((int)all.size() < N) return false;
+    std::nth_element(all.begin(), all.begin() + (N - 1), all.end(), [](float a, float b) { return a > b; });
+    return score_bin(all[N - 1]) == kBins - 1;
+}
+
 static void check_case(int kind, int D, int K, int N, int *fallbacks) {
     std::vector<float> sc((size_t)D * K);
     for (int d = 0; d < D; d++) fill_row(&sc[(size_t)d * K], K, kind);
@@ -241,9 +268,12 @@ static void check_case(int kind, int D, int K, int N, int *fallbacks) {
     const int n = run_thr(e, D, K, N);
     const char *bad = s != KDT_OK ? "cpu backend failed" : n == -2 ? "threads disagree on the result" : NULL;
     if (!bad && n == -1) {
-        /* The pool outgrew its room: only ties can do that (every score in few bins). */
+        /* The pool outgrew its room: ties can (every score in few bins), trees deeper than 16
+         * levels, and a first bound beyond the bins' 32 nats (docs/perf/tree_build.md); distinct
+         * scores otherwise must not. */
         ++*fallbacks;
-        if (kind != KIND_ZEROS && kind != KIND_TIES) bad = "the pool outgrew its room on distinct scores";
+        if ((kind == KIND_LOGPROB || kind == KIND_BENCH || kind == KIND_TAILS) && !first_bound_unbinned(sc, D, K, N))
+            bad = "the pool outgrew its room on distinct scores";
     } else if (!bad) {
         bad = n != c.num ? "num_nodes (returned)" : compare(e, c, N);
     }
@@ -259,7 +289,7 @@ int main(void) {
         g_fail = 0;
         int fallbacks = 0, cases = 0;
         for (int i = 0; i < 12; i++, cases++) {
-            const int N = 33 + (int)(rnd() % 224), D = 1 + (int)(rnd() % 16);
+            const int N = 33 + (int)(rnd() % 224), D = kind == KIND_DEEP ? 16 + (int)(rnd() % 49) : 1 + (int)(rnd() % 16);
             const int K = i == 0 ? 1 : i == 1 ? 24 : 2 + (int)(rnd() % 11);
             check_case(kind, D, K, N, &fallbacks);
         }

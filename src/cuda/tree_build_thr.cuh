@@ -207,13 +207,15 @@ __device__ __forceinline__ void write_children(const thr_smem &h, int32_t *hist,
 
 /* Narrow levels (a frontier of at most 32 nodes) on one warp, the keeper, without block
  * barriers: lane i expands frontier node i, places come from the warp prefix. The bound is set
- * once S reaches N nodes, then kept while the levels stay narrow: a stale bound only loosens, so
- * S still holds every node that a fresh one keeps (and maybe a few more), and a level saves the
- * bin search (~370 of its ~1400 cycles). Returns 0 when the next frontier is wide (t, lo, hi,
- * bmax updated, the bound fresh), 1 when the tree is complete, -1 when S would outgrow M. */
+ * once S reaches N nodes, then refreshed only when S has grown by 32 nodes since: a stale bound
+ * only loosens, so S still holds every node that a fresh one keeps (and a few more), and most
+ * levels save the bin search (~370 of ~1400 cycles); refreshing keeps deep trees' pools as small
+ * as a bound set every level does. Returns 0 when the next frontier is wide (t, lo, hi, bmax
+ * updated, the bound fresh), 1 when the tree is complete, -1 when S would outgrow M. */
 __device__ int narrow_levels(const float *sc, int D, int K, int N, int M, const thr_smem &h, int lane, int &t, int &lo,
                              int &hi, int &bmax) {
     bool unbound = hi - 1 < N; /* S holds fewer than N nodes: no bound yet */
+    int fresh = hi;            /* S's size when the bound was last set */
     for (; t < D; t++) {
         if (hi - lo > 32) {
             if (hi - 1 >= N) bmax = bin_limit(h.hist, N, lane);
@@ -231,9 +233,10 @@ __device__ int narrow_levels(const float *sc, int D, int K, int N, int M, const 
         lo = hi;
         hi += tot;
         __syncwarp(); /* the next level reads the nodes other lanes wrote */
-        if (unbound && hi - 1 >= N) {
+        if (hi - 1 >= N && (unbound || hi - fresh >= 32)) {
             bmax = bin_limit(h.hist, N, lane);
             unbound = false;
+            fresh = hi;
         }
         if (!grows) break;
     }
