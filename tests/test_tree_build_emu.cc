@@ -248,8 +248,10 @@ static bool first_bound_unbinned(const std::vector<float> &sc, int D, int K, int
     for (int t = 0; t < D && (int)all.size() < N; t++) {
         std::vector<float> next;
         for (float p : level)
-            for (int k = 0; k < K; k++)
-                if (std::isfinite(__fadd_rn(p, sc[(size_t)t * K + k]))) next.push_back(__fadd_rn(p, sc[(size_t)t * K + k]));
+            for (int k = 0; k < K; k++) {
+                const float c = __fadd_rn(p, sc[(size_t)t * K + k]);
+                if (std::isfinite(c)) next.push_back(c);
+            }
         all.insert(all.end(), next.begin(), next.end());
         level.swap(next);
     }

@@ -409,6 +409,12 @@ __device__ __forceinline__ uint8_t mask_bit(const uint32_t *bits, int W, int Q, 
 /* Four bits to four bytes of 0 / 1 (bit i to byte i: the products land on disjoint bits). */
 __device__ __forceinline__ uint32_t bits_to_bytes(uint32_t nib) { return nib * 0x204081u & 0x01010101u; }
 
+/* S node a's parent in S, forced below a (so that any walk up ends at the root, S[0]). */
+__device__ __forceinline__ int s_parent(const thr_smem &h, int a) { return min((int)(h.sm[a] >> 13), a - 1); }
+
+/* The node index of S node a > 0, a selected candidate: its rank + 1, clamped into 1 .. N. */
+__device__ __forceinline__ int node_index(const thr_smem &h, int a, int N) { return min(h.rk[a], N - 1) + 1; }
+
 /* Writes request b's outputs straight from the pool, after thr_select (its last barrier orders
  * the ranks before): node r + 1 = the candidate of rank r < N, n = min(N, candidates) nodes, S of
  * `size` entries. The caller has set the request's first_child to -1 (and zeroed the mask when
@@ -422,13 +428,14 @@ __device__ void thr_write(const kdt_tree_build_params &p, int b, const thr_smem 
                           int32_t seq, int32_t root, int tid, int T) {
     const int K = p.K, N = p.budget, Q = N + 1, nc = h.misc[9], W = thr_row_words(Q);
     const size_t o = (size_t)b * Q;
-    uint32_t *bits = (uint32_t *)h.key; /* [Q, W] */
+    uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
+    uint32_t *bits = (uint32_t *)h.key;              /* [Q, W] */
     for (int c = tid; c < nc; c += T) {
         const int i = h.lst[c], r = h.rk[i];
         if (r >= N) continue;
         const uint32_t mt = h.sm[i];
         const int ps = (int)(mt >> 13), k = (int)(mt & 63), dep = (int)(mt >> 6 & 127), v = r + 1;
-        const int pi = ps == 0 ? 0 : min(h.rk[ps], N - 1) + 1;
+        const int pi = ps == 0 ? 0 : node_index(h, ps, N);
         const bool sib = i + 1 < size && (int)(h.sm[i + 1] >> 13) == ps && h.rk[i + 1] < N;
         p.node_token[o + v] = tk[(dep - 1) * K + k];
         p.node_parent[o + v] = pi;
@@ -439,9 +446,9 @@ __device__ void thr_write(const kdt_tree_build_params &p, int b, const thr_smem 
         p.next_sibling[o + v] = sib ? h.rk[i + 1] + 1 : -1;
         if (k == 0) p.first_child[o + pi] = v;
         if (Q < kMaskBitsQ) {
-            uint8_t *row = p.tree_mask + (size_t)b * Q * Q + (size_t)v * Q;
+            uint8_t *row = mask + (size_t)v * Q;
             row[0] = row[v] = 1;
-            for (int a = min(ps, i - 1); a > 0; a = min((int)(h.sm[a] >> 13), a - 1)) row[min(h.rk[a], N - 1) + 1] = 1;
+            for (int a = min(ps, i - 1); a > 0; a = s_parent(h, a)) row[node_index(h, a, N)] = 1;
             continue;
         }
         /* row v: the ancestors' indices fall along the walk, so each word is stored once */
@@ -449,8 +456,8 @@ __device__ void thr_write(const kdt_tree_build_params &p, int b, const thr_smem 
         for (int w = 0; w < W; w++) row[w] = 0;
         int cw = v >> 5;
         uint32_t acc = 1u << (v & 31);
-        for (int a = min(ps, i - 1);; a = min((int)(h.sm[a] >> 13), a - 1)) {
-            const int x = a > 0 ? min(h.rk[a], N - 1) + 1 : 0; /* S node a's index, the root's 0 */
+        for (int a = min(ps, i - 1);; a = s_parent(h, a)) {
+            const int x = a > 0 ? node_index(h, a, N) : 0; /* the root's index: 0 */
             if (x >> 5 != cw) {
                 row[cw] = acc;
                 cw = x >> 5;
@@ -473,14 +480,13 @@ __device__ void thr_write(const kdt_tree_build_params &p, int b, const thr_smem 
         if (Q >= kMaskBitsQ)
             for (int w = 0; w < W; w++) bits[i * W + w] = i || w ? 0u : 1u;
         else if (i == 0)
-            p.tree_mask[(size_t)b * Q * Q] = 1;
+            mask[0] = 1;
     }
     if (tid == 0) p.num_nodes[b] = n;
     if (Q < kMaskBitsQ) return; /* block-uniform */
     __syncthreads();
 
-    /* The mask [Q, Q]: bytes up to the first 16-byte boundary, 16-byte stores, the tail. */
-    uint8_t *mask = p.tree_mask + (size_t)b * Q * Q;
+    /* The mask: bytes up to the first 16-byte boundary, 16-byte stores, the tail. */
     const int len = Q * Q, head = min((int)((16 - ((uintptr_t)mask & 15)) & 15), len), body = (len - head) / 16;
     const uint32_t qinv = 0xffffffffu / (uint32_t)Q + 1;
     for (int j = tid; j < head; j += T) mask[j] = mask_bit(bits, W, Q, qinv, j);
