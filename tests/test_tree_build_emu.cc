@@ -132,14 +132,13 @@ struct request {
 
 /* Runs the path on one emulated block; returns thr_select's n (-1: the pool outgrew its room, the
  * kernel then runs the sequential path), -2 when the threads disagree. Like the kernel: the
- * staged rows with a zero pad row, first_child set to -1 and a small mask zeroed before. */
+ * staged rows with a zero pad row, first_child set to -1 (the mask is left poisoned). */
 static int run_thr(request &q, int D, int K, int N) {
     const int M = thr_capacity(K, N);
     std::vector<float> sc((size_t)(D + 1) * K, 0.0f);
     memcpy(sc.data(), q.p.scores, sizeof(float) * D * K);
     std::fill(q.fch.begin(), q.fch.end(), -1);
-    if (N + 1 < kMaskBitsQ) memset(q.mask, 0, q.mlen); /* else thr_write writes every byte */
-    std::vector<uint8_t> pool(thr_smem_bytes(M) + 16);
+    std::vector<uint8_t> pool(thr_smem_bytes(M, N + 1) + 16);
     const thr_smem h = thr_carve(pool.data() + 4, M); /* not 16-aligned, like the kernel's base */
     thr_init(h, 0, 1);
 
@@ -154,6 +153,7 @@ static int run_thr(request &q, int D, int K, int N) {
         th.emplace_back([&, t] {
             threadIdx.x = (unsigned)t;
             int size = 0;
+            if (t >= 32) thr_mask_zero(h, N + 1, t - 32, 32 * kEmuWarps - 32); /* as the kernel */
             const int n = ret[t] = thr_select(sc.data(), D, K, N, M, h, &size);
             if (n >= 0) thr_write(q.p, 0, h, q.tok.data(), n, size, q.seq, q.root, t, 32 * kEmuWarps);
         });

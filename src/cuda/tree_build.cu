@@ -446,6 +446,7 @@ __device__ int stage_request(const kdt_tree_build_params &p, const request_smem 
     const int D = p.D, K = p.K, Q = p.budget + 1;
     const size_t bdk = (size_t)b * D * K;
     int other = 0;
+#pragma unroll 1
     for (int i = tid; i < (D + 1) * K; i += T) {
         float v = 0.0f;
         if (i < D * K) {
@@ -456,6 +457,7 @@ __device__ int stage_request(const kdt_tree_build_params &p, const request_smem 
         }
         m.sc[i] = v;
     }
+#pragma unroll 1
     for (int i = tid; i < Q; i += T) m.fc[i] = m.ns[i] = -1;
     return other;
 }
@@ -539,8 +541,19 @@ __global__ void __launch_bounds__(32 * kWarps) tree_build_kernel(kdt_tree_build_
     write_request(p, m, b, n_nodes, seq, root, tid, T);
 }
 
+/* The threshold kernel's sequential path: requests it cannot take, or whose pool outgrew its
+ * room. Inlined: out of line (__noinline__) it ran the sequential rows 6 to 13% slower and the
+ * threshold rows 1 to 5% slower (H200, docs/perf/tree_build.md). */
+template <int R>
+__device__ __forceinline__ void thr_fallback(const kdt_tree_build_params p, const request_smem m, int b, int *n_nodes) {
+    const int N = p.budget, Q = N + 1, tid = threadIdx.x;
+    select_sequential<R, kThrWarps>(m, p.D, p.K, N, b, p.tree_mask + (size_t)b * Q * Q, (size_t)Q * Q, true, n_nodes);
+    __syncthreads(); /* orders the zeroes before the ones below */
+    write_request(p, m, b, *n_nodes, p.seq_len[b], p.root_token[b], tid, 32 * kThrWarps);
+}
+
 /* Grid: one block of kThrWarps warps per request; dynamic shared memory: request_smem, then
- * thr_smem_bytes(M). Log-probability requests take the threshold path; the others, and any whose
+ * thr_smem_bytes(M, Q). Log-probability requests take the threshold path; the others, and any whose
  * S outgrows M (heavy ties), the sequential path. */
 template <int R>
 __global__ void __launch_bounds__(32 * kThrWarps) tree_build_thr_kernel(kdt_tree_build_params p, int M) {
@@ -554,11 +567,14 @@ __global__ void __launch_bounds__(32 * kThrWarps) tree_build_thr_kernel(kdt_tree
     const int32_t seq = p.seq_len[b], root = p.root_token[b];
     const int other = stage_request(p, m, b, tid, T);
     thr_init(h, tid, T);
-    uint8_t *mask = p.tree_mask + (size_t)b * Q * Q; /* [Q, Q] */
     const bool thr = !__syncthreads_or(other);
     if (thr) { /* block-uniform, as is n */
-        if (Q < kMaskBitsQ) zero_bytes(mask, (size_t)Q * Q, tid, T);
-        for (int i = tid; i < Q; i += T) p.first_child[(size_t)b * Q + i] = -1;
+        static_assert(kKeeper == 0, "the warps past the keeper zero the mask");
+        if (tid >= 32) { /* while the keeper runs the first levels */
+            thr_mask_zero(h, Q, tid - 32, T - 32);
+#pragma unroll 1
+            for (int i = tid - 32; i < Q; i += T - 32) p.first_child[(size_t)b * Q + i] = -1;
+        }
         int size;
         const int n = thr_select(m.sc, D, K, N, M, h, &size); /* its barriers order the fills above first */
         if (n >= 0) {
@@ -566,9 +582,7 @@ __global__ void __launch_bounds__(32 * kThrWarps) tree_build_thr_kernel(kdt_tree
             return;
         }
     }
-    select_sequential<R, kThrWarps>(m, D, K, N, b, mask, (size_t)Q * Q, !thr || Q >= kMaskBitsQ, &n_nodes);
-    __syncthreads(); /* orders the zeroes before the ones below */
-    write_request(p, m, b, n_nodes, seq, root, tid, T);
+    thr_fallback<R>(p, m, b, &n_nodes);
 }
 
 /* Small budgets (N <= kSmallN): every request on the sequential path, in a block of kSmallWarps
@@ -641,7 +655,7 @@ kdt_status launch_small(const kdt_tree_build_params *p, cudaStream_t stream) {
 template <int R>
 kdt_status launch_thr(const kdt_tree_build_params *p, cudaStream_t stream) {
     const int M = thr_capacity(p->K, p->budget);
-    const size_t smem = base_smem(p->D, p->K, p->budget) + thr_smem_bytes(M);
+    const size_t smem = base_smem(p->D, p->K, p->budget) + thr_smem_bytes(M, p->budget + 1);
     if (smem > 48 * 1024)
         KDT_CUDA_CHECK(cudaFuncSetAttribute(tree_build_thr_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     tree_build_thr_kernel<R><<<p->B, 32 * kThrWarps, smem, stream>>>(*p, M);
@@ -655,7 +669,7 @@ kdt_status launch_thr(const kdt_tree_build_params *p, cudaStream_t stream) {
 int path_of(int D, int K, int N) {
     if (N <= kSmallN) return 0;
     const int M = thr_capacity(K, N);
-    if (N <= kThrMaxN && base_smem(D, K, N) + thr_smem_bytes(M) <= kMaxSmem &&
+    if (N <= kThrMaxN && base_smem(D, K, N) + thr_smem_bytes(M, N + 1) <= kMaxSmem &&
         (size_t)4 * (N + 1) * thr_row_words(N + 1) <= (size_t)8 * M) /* the mask's bit rows fit the key array */
         return 1;
     return base_smem(D, K, N) + merge_smem_bytes(N, K) <= kMaxSmem ? 2 : 0;
