@@ -48,10 +48,11 @@ struct thr_smem {
 __host__ __device__ inline int thr_capacity(int K, int N) { return (N * (K + 6) + 4) & ~3; }
 
 /* From this Q on, thr_write builds the mask as bit rows in the spent key array (8 M bytes); below,
- * as bytes in a region of its own. Either way the whole mask then goes out in 16-byte stores. On
- * the H200 (docs/perf/tree_build.md): B = 256, N = 256: 25.3 -> 22.3 us with bit rows (against
- * ones stored one by one into global memory); B = 64, N = 128: 15.1 us (ones one by one), 15.5
- * (bit rows). */
+ * as bytes in a region of its own. Either way the whole mask then goes out in 16-byte stores. The
+ * switch was set when the small masks' ones went straight to global memory (H200,
+ * docs/perf/tree_build.md: B = 256, N = 256: 25.3 -> 22.3 us with bit rows; B = 64, N = 128:
+ * 15.1 us with ones one by one, 15.5 with bit rows); bytes in shared memory against bit rows
+ * below 160 were not compared. */
 constexpr int kMaskBitsQ = 160;
 
 /* The byte mask's region: Q Q bytes rounded up to 16, and 16 more to start the mask at the global
@@ -78,8 +79,9 @@ __device__ thr_smem thr_carve(uint8_t *base, int M) {
     return h;
 }
 
-/* The pool before level 0: S = the root alone, the histogram empty, level 0's count and
- * flag cleared; thread tid of T. The caller's barrier follows. */
+/* The pool before level 0: S = the root alone, the histogram and the counting sort's turns
+ * empty, the first wide level's count and flag cleared; thread tid of T. The caller's barrier
+ * follows. */
 __device__ __forceinline__ void thr_init(const thr_smem &h, int tid, int T) {
 #pragma unroll 1
     for (int i = tid; i < kBins + 32; i += T) h.hist[i] = h.cursor[i] = 0;
@@ -261,9 +263,9 @@ __device__ __forceinline__ bool warp_grows(float s, int cnt, const level_row &r)
     return __any_sync(kFull, cnt > 0 && __fadd_rn(__fadd_rn(s, r.x8[0]), r.xnext) > r.lim);
 }
 
-/* Writes node f's cnt children (depth t + 1) at S[off ..] and counts them in hist; branch-free
- * over the row's head: past cnt, a lane counts into its own spare bin. */
-__device__ __forceinline__ void write_children(const thr_smem &h, int32_t *hist, int off, int cnt, float s, int f, int t,
+/* Writes node f's cnt children (depth t + 1) at S[off ..] and counts them in S's histogram;
+ * branch-free over the row's head: past cnt, a lane counts into its own spare bin. */
+__device__ __forceinline__ void write_children(const thr_smem &h, int off, int cnt, float s, int f, int t,
                                                const level_row &r, int lane) {
     const uint32_t meta = (uint32_t)f << 13 | (uint32_t)(t + 1) << 6;
 #pragma unroll
@@ -273,13 +275,13 @@ __device__ __forceinline__ void write_children(const thr_smem &h, int32_t *hist,
             h.ss[off + u] = c;
             h.sm[off + u] = meta | (uint32_t)u;
         }
-        atomicAdd(&hist[u < cnt ? score_bin(c) : kBins + lane], 1);
+        atomicAdd(&h.hist[u < cnt ? score_bin(c) : kBins + lane], 1);
     }
     for (int k = 8; k < cnt; k++) {
         const float c = __fadd_rn(s, r.x[k]);
         h.ss[off + k] = c;
         h.sm[off + k] = meta | (uint32_t)k;
-        atomicAdd(&hist[score_bin(c)], 1);
+        atomicAdd(&h.hist[score_bin(c)], 1);
     }
 }
 
@@ -288,11 +290,11 @@ __device__ __forceinline__ void write_children(const thr_smem &h, int32_t *hist,
  * so S still holds every node that a fresh one keeps (and a few more); most levels save the bin
  * search (and a wide level its second barrier), and refreshing keeps deep trees' pools as small
  * as a bound set every level does. */
-__device__ __forceinline__ bool stale_bound(int hi, int N, int fresh) { return hi - 1 >= N && (fresh == 0 || hi - fresh >= 32); }
+__device__ __forceinline__ bool bound_due(int hi, int N, int fresh) { return hi - 1 >= N && (fresh == 0 || hi - fresh >= 32); }
 
 /* Narrow levels (a frontier of at most 32 nodes) on one warp, the keeper, without block
  * barriers: lane i expands frontier node i, places come from the warp prefix; the keeper
- * refreshes the bound when it is due (stale_bound). Returns 0 when the next frontier is wide (t,
+ * refreshes the bound when it is due (bound_due). Returns 0 when the next frontier is wide (t,
  * lo, hi, bmax, cnt, fresh updated), 1 when the tree is complete (the bin starts written), -1
  * when S would outgrow M. */
 __device__ int narrow_levels(const float *sc, int D, int K, int N, int M, const thr_smem &h, int lane, int &t, int &lo,
@@ -306,13 +308,13 @@ __device__ int narrow_levels(const float *sc, int D, int K, int N, int M, const 
         int tot;
         const int excl = warp_prefix(cnt_f, lane, &tot);
         if (hi + tot > M) return -1;
-        write_children(h, h.hist, hi + excl, cnt_f, s, f, t, r, lane);
+        write_children(h, hi + excl, cnt_f, s, f, t, r, lane);
         const bool grows = warp_grows(s, cnt_f, r);
         lo = hi;
         hi += tot;
         cnt += tot;
         __syncwarp(); /* the next level reads the nodes other lanes wrote */
-        if (stale_bound(hi, N, fresh)) {
+        if (bound_due(hi, N, fresh)) {
             keeper_bound(h.hist, N, lane, bmax, cnt);
             fresh = hi;
         }
@@ -328,7 +330,7 @@ __device__ int narrow_levels(const float *sc, int D, int K, int N, int M, const 
  * thr_write), or -1 when S would outgrow its M entries. Rows must be sorted and no score above 0.
  * Levels: every node of the newest level whose bin is <= b counts its children of bin <= b (a
  * prefix of the sorted row), takes places for them in S (the order of parents in S is free),
- * writes them and counts them in S's histogram; when the bound is due (stale_bound) the keeper
+ * writes them and counts them in S's histogram; when the bound is due (bound_due) the keeper
  * warp lowers b to the smallest bin holding N nodes of S. Narrow levels run on the keeper alone,
  * wide ones on every warp (a shared atomic a warp for the places, a barrier; when the bound is due
  * or the tree complete, the keeper and a second barrier). The final candidates (bin <= b: a
@@ -387,7 +389,7 @@ __device__ int thr_select(const float *sc, int D, int K, int N, int M, const thr
             const int off = hi + __shfl_sync(kFull, base, 0) + excl;
             const bool grows = warp_grows(s, cnt_f, r);
             if (lane == 0 && grows) atomicOr(more, 1);
-            if (off + cnt_f <= M) write_children(h, h.hist, off, cnt_f, s, f, t, r, lane);
+            if (off + cnt_f <= M) write_children(h, off, cnt_f, s, f, t, r, lane);
         }
         __syncthreads();
         const int top = hi + *ctr, grow = *more; /* never set at the last depth (xnext = -inf) */
@@ -395,7 +397,7 @@ __device__ int thr_select(const float *sc, int D, int K, int N, int M, const thr
         cnt += top - hi;
         /* When the bound is due, the keeper publishes the new bin limit (a slot by parity), and
          * after the last level the bin starts; the others wait, so the histogram is still. */
-        const bool due = stale_bound(top, N, fresh);
+        const bool due = bound_due(top, N, fresh);
         if (due || !grow) { /* block-uniform */
             if (warp == kKeeper) {
                 if (due) keeper_bound(h.hist, N, lane, bmax, cnt);
