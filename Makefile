@@ -53,7 +53,7 @@ endif
 CONFIG := $(BUILD)/config.stamp
 $(shell mkdir -p $(BUILD); echo '$(KDT_CUDA) $(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA_ARCH)' | cmp -s - $(CONFIG) 2>/dev/null || echo '$(KDT_CUDA) $(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA_ARCH)' > $(CONFIG))
 
-.PHONY: all lib test fuzz clean
+.PHONY: all lib test dev fuzz clean
 .SECONDARY:
 all: $(BUILD)/kdt $(BUILD)/libkdt.a $(BUILD)/libkdt.so $(TEST_BIN) $(BENCH_BIN)
 lib: $(BUILD)/libkdt.a $(BUILD)/libkdt.so
@@ -99,6 +99,24 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libkdt.a
 
 test: all
 	bash scripts/run_tests.sh $(BUILD)
+
+# Kernel experiments outside the library (dev/cuda/, one file each, its compile line in its header;
+# Hopper kernels, built for sm_90a). Not part of `all` or `test`.
+DEV_CU := $(wildcard dev/cuda/*.cu)
+ifeq ($(KDT_CUDA),1)
+dev: $(DEV_CU:dev/cuda/%.cu=$(BUILD)/dev/%)
+else
+dev:
+	@echo "make dev needs nvcc (KDT_CUDA=1)" >&2; exit 1
+endif
+
+$(BUILD)/obj/dev/cuda/%.o: dev/cuda/%.cu $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) $(SM90_ARCH) -c $< -o $@
+
+$(BUILD)/dev/%: $(BUILD)/obj/dev/cuda/%.o $(BUILD)/libkdt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # libFuzzer + ASan/UBSan build of the KDTR reader (clang from Debian's packages).
 fuzz:

@@ -3,17 +3,18 @@
  *
  *   build/bench/bench_verify_attn [--reps 50] [--out docs/perf/verify_attn_sm90_results.md]
  *                                 [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I]
- *                                 [--variants 6,5,2,1]
+ *                                 [--kernels 1,2]
  *
  * Inputs: bf16, paged cache of block size 64 with a shuffled block table, kv_len = prefix + Q,
  * tree mask from random trees, sm_scale 0.13086. Each time is the median of --reps runs timed
  * with CUDA events, the L2 flushed (a 256 MB memset) before each run. Per shape it prints the
- * times of the listed variants (verify_attn_sm90.h; 1 must be among them) with the scheduler's
- * split, the default variant's being the table's main column; the general fallback kernel
- * (kdt_verify_attn_cuda with $KDT_VA_SM90=0; fewer runs); a sweep of forced split counts of the
- * default variant; and a cross-check (not the test): one more run of each variant into a
- * NaN-poisoned o, compared with variant 1's (relative L2, max |d|, elements that differ, NaN;
- * variants 2-4 accumulate in variant 1's order and match it bit for bit).
+ * times of the listed kernels (verify_attn_sm90.h: 1 TMA, the default and the table's main column;
+ * 2 cp.async, the fallback for block sizes TMA cannot describe; 2 is always run) with the
+ * scheduler's split; the general CUDA kernel (kdt_verify_attn_cuda with $KDT_VA_SM90=0; fewer
+ * runs); a sweep of forced split counts of the TMA kernel; and a cross-check (not the test): one
+ * more run of each kernel into a NaN-poisoned o, compared with the cp.async kernel's (relative L2,
+ * max |d|, elements that differ, NaN; the two accumulate in the same order and match bit for bit).
+ * dev/cuda/ holds the experiments that are not in the library (ping-pong schedule).
  * Ceilings: a bf16 cuBLAS GEMM 8192^3 (TFLOP/s) and a 1 GiB device-to-device copy (read + write).
  * --shape I runs only the I-th shape (0-based), e.g. under ncu. */
 #include <math.h>
@@ -199,9 +200,11 @@ Diff compare(const uint16_t *a, const uint16_t *b, size_t n) {
     return d;
 }
 
-/* One run of a variant into o poisoned with NaN; its output to host (n elements). */
-void checked_run(Inputs &in, int variant, uint16_t *host, size_t n) {
-    kdt_va_sm90_config cfg = {variant, 0, 0};
+const char *kKernelNames[] = {"auto", "tma", "cp.async"}; /* by kdt_va_sm90_kernel */
+
+/* One run of a kernel into o poisoned with NaN; its output to host (n elements). */
+void checked_run(Inputs &in, int kernel, uint16_t *host, size_t n) {
+    kdt_va_sm90_config cfg = {kernel, 0, 0};
     int handled = 0;
     CK(cudaMemset(in.o, 0xFF, n * 2));
     KCK(kdt_verify_attn_sm90_ex(&in.p, NULL, &cfg, NULL, &handled));
@@ -209,8 +212,8 @@ void checked_run(Inputs &in, int variant, uint16_t *host, size_t n) {
     CK(cudaMemcpy(host, in.o, n * 2, cudaMemcpyDeviceToHost));
 }
 
-double run_sm90(Bench &bn, Inputs &in, int variant, int parts, int reps, kdt_va_sm90_info *info) {
-    kdt_va_sm90_config cfg = {variant, parts, 0};
+double run_sm90(Bench &bn, Inputs &in, int kernel, int parts, int reps, kdt_va_sm90_info *info) {
+    kdt_va_sm90_config cfg = {kernel, parts, 0};
     int handled = 0;
     KCK(kdt_verify_attn_sm90_ex(&in.p, NULL, &cfg, info, &handled)); /* warm-up, and what runs */
     if (!handled) {
@@ -241,7 +244,8 @@ double torch_us(const char *csv, const Shape &s) { /* bench/torch_sdpa_verify.py
 
 int main(int argc, char **argv) {
     int reps = 50, fallback = 1, sweep = 1, only = -1;
-    int vlist[KDT_VA_SM90_VARIANTS + 1] = {6, 5, 2, 1}, nvl = 4; /* variants timed; 1 is the cross-check's reference */
+    const int vref = KDT_VA_SM90_CP_ASYNC, vdef = KDT_VA_SM90_TMA; /* the cross-check's reference; the main column */
+    int vlist[2] = {vdef, vref}, nvl = 2;                             /* kernels timed */
     const char *out = NULL, *csv = NULL, *torch_csv = NULL;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--reps") && a + 1 < argc) reps = atoi(argv[++a]);
@@ -251,14 +255,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--no-fallback")) fallback = 0;
         else if (!strcmp(argv[a], "--no-sweep")) sweep = 0;
         else if (!strcmp(argv[a], "--shape") && a + 1 < argc) only = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--variants") && a + 1 < argc) {
+        else if (!strcmp(argv[a], "--kernels") && a + 1 < argc) {
             nvl = 0;
-            for (char *t = strtok(argv[++a], ","); t && nvl < KDT_VA_SM90_VARIANTS; t = strtok(NULL, ","))
-                if (atoi(t) >= 1 && atoi(t) <= KDT_VA_SM90_VARIANTS) vlist[nvl++] = atoi(t);
+            for (char *t = strtok(argv[++a], ","); t && nvl < 2; t = strtok(NULL, ","))
+                if (atoi(t) >= KDT_VA_SM90_TMA && atoi(t) <= KDT_VA_SM90_CP_ASYNC) vlist[nvl++] = atoi(t);
         }
         else {
             fprintf(stderr, "usage: %s [--reps N] [--out FILE.md] [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I] "
-                            "[--variants 6,5,2,1]\n",
+                            "[--kernels 1,2]\n",
                     argv[0]);
             return 2;
         }
@@ -287,28 +291,28 @@ int main(int argc, char **argv) {
            prop.name, prop.major, prop.minor, prop.multiProcessorCount, date, cmd, gemm, copy);
 
     const char *env_v = getenv("KDT_VA_SM90");
-    const int vdef = env_v && atoi(env_v) >= 1 && atoi(env_v) <= KDT_VA_SM90_VARIANTS ? atoi(env_v) : KDT_VA_SM90_DEFAULT;
-    int have1 = 0, havedef = 0;
-    for (int k = 0; k < nvl; k++) have1 |= vlist[k] == 1, havedef |= vlist[k] == vdef;
-    if (!have1 && nvl < KDT_VA_SM90_VARIANTS) vlist[nvl++] = 1;
-    if (!havedef && nvl < KDT_VA_SM90_VARIANTS) vlist[nvl++] = vdef;
-    printf("default variant (the table's main time): %d\n\n", vdef);
+    int haveref = 0, havedef = 0;
+    for (int k = 0; k < nvl; k++) haveref |= vlist[k] == vref, havedef |= vlist[k] == vdef;
+    if (!haveref) vlist[nvl++] = vref;
+    if (!havedef) vlist[nvl++] = vdef;
+    printf("default kernel (the table's main time): %s\n\n", kKernelNames[vdef]);
     char table[32768] = "";
     size_t tl = 0;
 #define ROW(...) (tl += (size_t)snprintf(table + tl, sizeof table - tl, __VA_ARGS__))
-    ROW("| B, H, Q, prefix | parts | us (default: v%d) | TFLOP/s | %% GEMM | GB/s | %% copy | FlashMLA us | vs FlashMLA | target |", vdef);
-    for (int k = 0; k < nvl; k++) ROW(" us v%d |", vlist[k]);
+    ROW("| B, H, Q, prefix | parts | us (default: %s) | TFLOP/s | %% GEMM | GB/s | %% copy | FlashMLA us | vs FlashMLA | target |",
+        kKernelNames[vdef]);
+    for (int k = 0; k < nvl; k++) ROW(" us %s |", kKernelNames[vlist[k]]);
     ROW(" us fallback | torch SDPA us | best forced parts (us) |");
     for (int k = 0; k < nvl; k++)
-        if (vlist[k] != 1) ROW(" v%d vs v1: rel_l2, max abs, differing |", vlist[k]);
+        if (vlist[k] != vref) ROW(" %s vs %s: rel_l2, max abs, differing |", kKernelNames[vlist[k]], kKernelNames[vref]);
     ROW("\n|---|---|---|---|---|---|---|---|---|---|");
-    for (int k = 0; k < nvl; k++) ROW("---|%s", vlist[k] != 1 ? "---|" : "");
+    for (int k = 0; k < nvl; k++) ROW("---|%s", vlist[k] != vref ? "---|" : "");
     ROW("---|---|---|\n");
     FILE *fc = csv ? fopen(csv, "w") : NULL;
     if (csv && !fc) fprintf(stderr, "cannot write %s\n", csv);
     if (fc) {
-        fprintf(fc, "B,H,Q,prefix,kv_len,parts,variant,us,tflops,pct_gemm,gbs,pct_copy,flashmla_us,");
-        for (int k = 0; k < nvl; k++) fprintf(fc, "us_v%d,", vlist[k]);
+        fprintf(fc, "B,H,Q,prefix,kv_len,parts,kernel,us,tflops,pct_gemm,gbs,pct_copy,flashmla_us,");
+        for (int k = 0; k < nvl; k++) fprintf(fc, "us_%s,", vlist[k] == vref ? "cp_async" : "tma"); /* plot_verify_attn.py's names */
         fprintf(fc, "us_fallback,us_torch,best_parts,best_parts_us,gemm_tflops,copy_gbs\n");
     }
 
@@ -321,9 +325,9 @@ int main(int argc, char **argv) {
         const double flops = 2.0 * s.B * s.H * s.Q * (double)n * (kDqk + kDv);
         const double bytes = (double)s.B * n * kDqk * 2 + (double)s.B * s.Q * s.H * (kDqk + kDv) * 2;
         const size_t o_n = (size_t)s.B * s.Q * s.H * kDv;
-        double t[KDT_VA_SM90_VARIANTS + 1] = {};
-        kdt_va_sm90_info info[KDT_VA_SM90_VARIANTS + 1];
-        uint16_t *out[KDT_VA_SM90_VARIANTS + 1] = {};
+        double t[3] = {};
+        kdt_va_sm90_info info[3];
+        uint16_t *out[3] = {};
         printf("B=%d H=%d Q=%d prefix=%d:", s.B, s.H, s.Q, s.prefix);
         for (int k = 0; k < nvl; k++) {
             const int v = vlist[k];
@@ -331,18 +335,18 @@ int main(int argc, char **argv) {
             t[v] = run_sm90(bn, in, v, 0, reps, &info[v]);
             out[v] = (uint16_t *)malloc(o_n * 2);
             checked_run(in, v, out[v], o_n);
-            printf("  v%d %.1f us (ran v%d)", v, t[v], info[v].variant);
+            printf("  %s %.1f us (ran %s)", kKernelNames[v], t[v], kKernelNames[info[v].kernel]);
         }
-        Diff d[KDT_VA_SM90_VARIANTS + 1];
-        for (int k = 0; k < nvl; k++) d[vlist[k]] = compare(out[vlist[k]], out[1], o_n);
+        Diff d[3];
+        for (int k = 0; k < nvl; k++) d[vlist[k]] = compare(out[vlist[k]], out[vref], o_n);
         const kdt_va_sm90_info &id = info[vdef];
         const double tm = t[vdef];
         printf("\n  m_tiles=%d parts=%d pdl=%d grid=%d ws=%.1fMB smem=%d\n", id.m_tiles, id.parts, id.pdl, id.grid,
                id.workspace_bytes / 1e6, id.smem_bytes);
         for (int k = 0; k < nvl; k++)
-            if (vlist[k] != 1)
-                printf("  v%d vs v1: rel_l2 %.2e max|d| %.3g differing %zu NaN %zu (of %zu)\n", vlist[k], d[vlist[k]].rel_l2,
-                       d[vlist[k]].max_abs, d[vlist[k]].differ, d[vlist[k]].nan, o_n);
+            if (vlist[k] != vref)
+                printf("  %s vs %s: rel_l2 %.2e max|d| %.3g differing %zu NaN %zu (of %zu)\n", kKernelNames[vlist[k]],
+                       kKernelNames[vref], d[vlist[k]].rel_l2, d[vlist[k]].max_abs, d[vlist[k]].differ, d[vlist[k]].nan, o_n);
         for (int k = 0; k < nvl; k++) free(out[vlist[k]]);
         double tf = NAN;
         if (fallback) {
@@ -357,7 +361,7 @@ int main(int argc, char **argv) {
         int best_p = id.parts;
         double best_t = tm;
         if (sweep) {
-            printf("  forced parts (v%d):", vdef);
+            printf("  forced parts (%s):", kKernelNames[vdef]);
             const int cand[] = {1, 2, 3, 4, 6, 8, 12, 16, 20, 26, 33, 44, 66, 132};
             for (int p : cand) {
                 if (p * id.m_tiles > 4 * prop.multiProcessorCount && p > 1) break;
@@ -378,10 +382,10 @@ int main(int argc, char **argv) {
         for (int k = 0; k < nvl; k++) ROW(" %.1f |", t[vlist[k]]);
         ROW(" %s | %s | %d (%.1f) |", fb_s, tt_s, best_p, best_t);
         for (int k = 0; k < nvl; k++)
-            if (vlist[k] != 1) ROW(" %.1e, %.2g, %zu |", d[vlist[k]].rel_l2, d[vlist[k]].max_abs, d[vlist[k]].differ);
+            if (vlist[k] != vref) ROW(" %.1e, %.2g, %zu |", d[vlist[k]].rel_l2, d[vlist[k]].max_abs, d[vlist[k]].differ);
         ROW("\n");
         if (fc) {
-            fprintf(fc, "%d,%d,%d,%d,%d,%d,%d,%.2f,%.1f,%.1f,%.0f,%.1f,%.0f,", s.B, s.H, s.Q, s.prefix, n, id.parts, vdef, tm,
+            fprintf(fc, "%d,%d,%d,%d,%d,%d,%s,%.2f,%.1f,%.1f,%.0f,%.1f,%.0f,", s.B, s.H, s.Q, s.prefix, n, id.parts, kKernelNames[vdef], tm,
                     flops / tm / 1e6, 100 * flops / tm / 1e6 / gemm, bytes / tm / 1e3, 100 * bytes / tm / 1e3 / copy, s.flashmla_us);
             for (int k = 0; k < nvl; k++) fprintf(fc, "%.2f,", t[vlist[k]]);
             fprintf(fc, "%.2f,%.2f,%d,%.2f,%.0f,%.0f\n", tf, tt, best_p, best_t, gemm, copy);

@@ -1,17 +1,16 @@
 /* The Hopper verify_attn kernel (src/cuda/sm90, issue 6) against references on fresh random
  * inputs: the CPU backend (double accumulation) on every row for moderate shapes, and an f64
- * reference in this file on sampled tree rows for long prefixes. Each case runs every kernel
- * variant (1 mma.sync, 2 wgmma, 3 and 4 mixed, 5 ping-pong with TMA, 6 variant 2 with TMA) and
- * the hook's default;
+ * reference in this file on sampled tree rows for long prefixes. Each case runs both kernels
+ * (1 TMA loads, 2 cp.async loads; verify_attn_sm90.h) and the hook's choice;
  * outputs are NaN-poisoned before each run and guard bytes around them are checked after. Cache
  * rows that hold no key of a request (past kv_len, spare blocks) are NaN, so a kernel that lets
  * them into a result (P = 0 times NaN) fails.
  *
- *   build/tests/test_verify_attn_fast [--seed N] [--quick] [--variants 1,4,3,2,5,6,0]   (KDT_SEED=N replays)
+ *   build/tests/test_verify_attn_fast [--seed N] [--quick] [--kernels 2,1,0]   (KDT_SEED=N replays)
  *
- * --quick runs three small cases (for compute-sanitizer); --variants picks the variants to run,
+ * --quick runs three small cases (for compute-sanitizer); --kernels picks the kernels to run,
  * in order (0: the hook). A fault that loses the CUDA context ends the run with a FAIL line
- * naming the variant and case, since nothing after it could run. Without a device of compute
+ * naming the kernel and case, since nothing after it could run. Without a device of compute
  * capability 9.x it prints one SKIP line. Tolerances (issue 5): o relative L2 <= 1e-2 against
  * the f64 result of the same bf16 inputs, lse within 1e-3, NaN never passes. */
 #include <math.h>
@@ -350,24 +349,23 @@ Verdict judge(const Case &c, const Ref &ref, const uint16_t *o, const float *lse
     return v;
 }
 
-const char *kVariantNames[KDT_VA_SM90_VARIANTS + 1] = {"hook", "mma", "wgmma", "wgmmaS+mmaPV", "mmaS+wgmmaPV", "pingpong",
-                                                      "wgmma-tma"};
+const char *kKernelNames[] = {"hook", "tma", "cp.async"}; /* by kdt_va_sm90_kernel; 0: the hook */
 
-/* Runs one variant (0: the hook, kdt_verify_attn_sm90) and compares with the reference. */
-void run_variant(const Case &c, const Ref &ref, Dev *d, int variant, int no_pdl) {
+/* Runs one kernel (0: the hook, kdt_verify_attn_sm90) and compares with the reference. */
+void run_kernel(const Case &c, const Ref &ref, Dev *d, int kernel, int no_pdl) {
     char what[200];
-    snprintf(what, sizeof what, "%s [%s%s] B=%d H=%d Q=%d kv=%d..%d %s", c.name, kVariantNames[variant], no_pdl ? ",no-pdl" : "",
+    snprintf(what, sizeof what, "%s [%s%s] B=%d H=%d Q=%d kv=%d..%d %s", c.name, kKernelNames[kernel], no_pdl ? ",no-pdl" : "",
              c.B, c.H, c.Q,
              c.Q + c.prefix_lo, c.Q + c.prefix_hi, c.BS ? (c.BS == 64 ? "paged64" : "paged") : "contiguous");
     if (!poison(d)) return;
-    kdt_va_sm90_config cfg = {variant, c.parts, no_pdl};
+    kdt_va_sm90_config cfg = {kernel, c.parts, no_pdl};
     kdt_va_sm90_info info;
     memset(&info, 0, sizeof info);
     int handled = 0;
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     cudaEventRecord(e0, 0);
-    kdt_status s = variant == 0 ? kdt_verify_attn_sm90(&d->p, NULL, &handled)
+    kdt_status s = kernel == 0 ? kdt_verify_attn_sm90(&d->p, NULL, &handled)
                                 : kdt_verify_attn_sm90_ex(&d->p, NULL, &cfg, &info, &handled);
     cudaEventRecord(e1, 0);
     const cudaError_t es = cudaDeviceSynchronize();
@@ -379,7 +377,7 @@ void run_variant(const Case &c, const Ref &ref, Dev *d, int variant, int no_pdl)
                 cudaGetErrorString(es), handled);
         (void)cudaGetLastError();
         if (cudaDeviceSynchronize() != cudaSuccess) { /* a sticky fault: the context is gone */
-            kt_fail("%s  the CUDA context is lost; stopping (rerun with --variants to skip this variant)", what);
+            kt_fail("%s  the CUDA context is lost; stopping (rerun with --kernels to skip this kernel)", what);
             exit(kt_exit_code());
         }
         return;
@@ -401,13 +399,13 @@ void run_variant(const Case &c, const Ref &ref, Dev *d, int variant, int no_pdl)
                  wr / c.H % c.Q, wr % c.H, v.worst_at % kDv);
     kt_check(ok, "%s  ran=%d parts=%d m_tiles=%d pdl=%d ws=%.1fMB ref_rows=%d%s  rel_l2=%.2e row_rel_max=%.2e lse_err=%.2e nonfinite=%zu "
                  "unwritten=%zu empty_rows_bad=%zu guards=%s  %s  %.3f ms",
-             what, info.variant, info.parts, info.m_tiles, info.pdl, info.workspace_bytes / 1e6, ref.n_rows,
+             what, info.kernel, info.parts, info.m_tiles, info.pdl, info.workspace_bytes / 1e6, ref.n_rows,
              c.sample_rows ? "(sampled)" : "",
              v.rel_l2, v.row_rel_max, v.lse_err, v.nonfinite, v.unwritten, v.bad_empty, guards ? "ok" : "OVERWRITTEN", where, ms);
     free(o_buf), free(lse_buf);
 }
 
-int variants[8] = {1, 4, 3, 2, 5, 6, 0}, n_variants = 7; /* mma.sync first: the reference design */
+int kernels[3] = {KDT_VA_SM90_CP_ASYNC, KDT_VA_SM90_TMA, 0}, n_kernels = 3;
 
 void run_case(const Case &c) {
     Inputs in;
@@ -416,10 +414,10 @@ void run_case(const Case &c) {
     memset(&ref, 0, sizeof ref);
     Dev d;
     if (make_ref(c, in, &ref) && to_device(in, &d)) {
-        for (int k = 0; k < n_variants; k++) run_variant(c, ref, &d, variants[k], 0);
+        for (int k = 0; k < n_kernels; k++) run_kernel(c, ref, &d, kernels[k], 0);
         if (c.parts > 1) /* the combine kernel without programmatic launch */
-            for (int k = 0; k < n_variants; k++)
-                if (variants[k] == 2 || variants[k] >= 5) run_variant(c, ref, &d, variants[k], 1);
+            for (int k = 0; k < n_kernels; k++)
+                if (kernels[k] != 0) run_kernel(c, ref, &d, kernels[k], 1);
         free_device(&d);
     }
     free_ref(&ref);
@@ -450,10 +448,10 @@ int main(int argc, char **argv) {
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--quick")) quick = 1;
-        else if (!strcmp(argv[a], "--variants") && a + 1 < argc) {
-            n_variants = 0;
-            for (char *t = strtok(argv[++a], ","); t && n_variants < 8; t = strtok(NULL, ","))
-                if (atoi(t) >= 0 && atoi(t) <= KDT_VA_SM90_VARIANTS) variants[n_variants++] = atoi(t);
+        else if (!strcmp(argv[a], "--kernels") && a + 1 < argc) {
+            n_kernels = 0;
+            for (char *t = strtok(argv[++a], ","); t && n_kernels < 3; t = strtok(NULL, ","))
+                if (atoi(t) >= 0 && atoi(t) <= KDT_VA_SM90_CP_ASYNC) kernels[n_kernels++] = atoi(t);
         }
     }
     int n_dev = 0, major = 0;
@@ -465,12 +463,8 @@ int main(int argc, char **argv) {
     }
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
-    const char *env_v = getenv("KDT_VA_SM90");
-    char hook_v[64];
-    if (env_v && *env_v) snprintf(hook_v, sizeof hook_v, "$KDT_VA_SM90=%s", env_v);
-    else snprintf(hook_v, sizeof hook_v, "%d (default)", KDT_VA_SM90_DEFAULT);
-    printf("verify_attn_fast: %s (sm_%d%d, %d SMs), seed %llu (--seed %llu replays); the hook runs variant %s\n", prop.name,
-           prop.major, prop.minor, prop.multiProcessorCount, (unsigned long long)seed, (unsigned long long)seed, hook_v);
+    printf("verify_attn_fast: %s (sm_%d%d, %d SMs), seed %llu (--seed %llu replays)\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, (unsigned long long)seed, (unsigned long long)seed);
     rng_state = seed;
     check_declines();
 
@@ -493,7 +487,7 @@ int main(int argc, char **argv) {
         {"peaky_scale", 2, 16, 17, 100, 400, 64, 3.f, 0.3f, 1, 0, 0},
         {"paged_bs16", 3, 16, 9, 10, 500, 16, 1.f, kimi, 1, 0, 0},
         {"paged_bs128", 2, 8, 33, 10, 600, 128, 1.f, kimi, 1, 0, 0},
-        {"paged_bs8_no_tma", 2, 16, 9, 10, 300, 8, 1.f, kimi, 1, 0, 0}, /* variant 5 hands this to variant 2 */
+        {"paged_bs8_no_tma", 2, 16, 9, 10, 300, 8, 1.f, kimi, 1, 0, 0}, /* the TMA kernel hands this to cp.async */
         {"paged_bs32_split", 3, 32, 17, 50, 900, 32, 2.f, kimi, 1, 0, 4},
         {"one_tile_segments", 6, 16, 5, 0, 200, 64, 2.f, kimi, 1, 0, 13},
         {"contiguous", 3, 16, 17, 10, 600, 0, 1.f, kimi, 1, 0, 0},

@@ -1,4 +1,4 @@
-/* Thin PTX wrappers for the Hopper kernels in this folder: cp.async, ldmatrix, mma.sync (sm_80+),
+/* Thin PTX wrappers for the Hopper kernels in this folder (and dev/cuda/): cp.async (sm_80+),
  * wgmma with shared-memory matrix descriptors (sm_90a only), mbarrier, TMA and named barriers.
  *
  * Shared-memory tile layout used with all of them (the 128-byte swizzle of wgmma / TMA):
@@ -23,25 +23,6 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 /* Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
  * async proxy (wgmma operand reads); a barrier must follow before another thread's wgmma. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-/* d[16x8] += a[16x16] b[16x8], bf16 in, f32 accumulate (the m16n8k16 fragment layouts). */
-__device__ __forceinline__ void mma_bf16(float *d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ float ex2(float x) { /* 2^x; ex2(-inf) = 0 */
     float y;

@@ -1,0 +1,301 @@
+/* verify_attn on Hopper (issue 6): the main kernel. bf16, Dv 512 / Dr 64, tree mask, paged (any
+ * block size) or contiguous KV. Build: sm_90a only (the Makefile's SM90_ARCH).
+ *
+ * Design (FlashMLA's shape, plus the tree mask):
+ * - Rows: the Q * H (tree row, head) pairs of a request, row = i * H + h, so they are contiguous in q
+ *   and o. A CTA (256 threads, 2 warpgroups) owns a tile of 64 rows; each latent key tile
+ *   [64 keys, 576] goes to shared memory once and serves all 64 rows (all heads of the request).
+ * - Per key tile: warpgroup 0 computes S = Q K^T [64, 64] over 576 dims by wgmma, applies the mask
+ *   (only on tiles reaching past the prefix: tree keys and the ragged end), runs the online softmax
+ *   and hands P (bf16) and the row rescale to warpgroup 1 through shared memory; then both compute
+ *   O += P V, V being the first 512 dims of the same tile: warpgroup 0 output dims 0..255 with P
+ *   from registers, warpgroup 1 dims 256..511 with P from shared memory. Accumulation is f32.
+ * - Key tiles are double-buffered, the next tile loading while this one computes. Two kernels
+ *   differ only in how: the TMA kernel (the default: 9 boxes a tile issued by one thread, an
+ *   mbarrier per buffer, block-table entries read a tile ahead; block size 16, 32 or a multiple
+ *   of 64, or contiguous) and the cp.async kernel (16-byte cp.async from warpgroup 1, any block
+ *   size: what the TMA maps cannot describe runs here). Tiles use the 128-byte swizzled layout
+ *   (sm90_ptx.cuh), written by TMA and cp.async alike and read by wgmma descriptors.
+ * - Keys past kv_len in a request's last tile: zero rows (cp.async), or zeroed in V after the
+ *   TMA load, so whatever the cache holds there (NaN included) adds 0.
+ * - Split-KV: the grid is (row tiles, parts). The keys of all requests, each request's tiles plus
+ *   a fixed overhead, are laid end to end and cut into `parts` equal ranges (by the real kv_len,
+ *   read on the device); a CTA walks its range request by request (a "segment" each), so CTAs of
+ *   one part read the same keys at the same time (L2 reuse). A request that falls in one part is
+ *   written directly; one cut across parts writes normalized partials and their LSE, merged by the
+ *   combine kernel (verify_attn_sm90_combine.cu). The host picks `parts` from the shape
+ *   (choose_parts in verify_attn_sm90_sched.cuh); with 1 there is no combine kernel.
+ *
+ * Safety without host checks: kv_len is clamped to [0, cache]; a key whose block-table entry is
+ * outside [0, NB) reads as a zero row; mask reads stay inside the request's [Q, Q]. */
+#include <limits.h>
+
+#include "cuda/sm90/verify_attn_sm90_tile.cuh"
+
+namespace kdt_va_sm90 {
+namespace {
+
+/* ---- the cp.async kernel's segment: rows [m0, m0 + 64) of request b against its key tiles [tb, te) ---- */
+
+__device__ __forceinline__ void run_segment(const Args &a, uint8_t *smem, uint32_t sbase, int b, int mt, int tb, int te,
+                                            int slot) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, w4 = warp & 3;
+    /* The warpgroup index through a shuffle: provably warp-uniform, so ptxas keeps the wgmma of
+     * each warpgroup's branch asynchronous instead of serializing it. */
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int g = lane >> 2, t4 = lane & 3;
+    const int m0 = mt * kBM, rows_valid = min(kBM, a.rows - m0);
+    const int n = req_keys(a, b), prefix = n - a.Q; /* key prefix + i is tree node i */
+    const int r0 = 16 * w4 + g, r1 = r0 + 8;         /* this thread's two rows in the tile */
+    float *s_scale = (float *)(smem + kOffScale), *s_m = (float *)(smem + kOffM), *s_l = (float *)(smem + kOffL);
+    const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP;
+
+    __syncthreads(); /* the previous segment's staging has been read */
+    { /* Q and the first key tile: all threads, 4 per row */
+        const int r = tid >> 2;
+        load_row<4>(sq, r, tid & 3, r < rows_valid ? a.q + ((long long)b * a.rows + m0 + r) * kDqk : nullptr, a.q);
+        load_row<4>(sbase + kOffK, r, tid & 3, kv_row(a, b, n, tb, r), a.kv);
+        cp_async_commit();
+    }
+    /* Later key tiles are loaded by warpgroup 1 (2 threads per row), idle while warpgroup 0
+     * computes S; its row pointer is found a tile ahead, off the load's path. */
+    const int lr = (tid & 127) >> 1;
+    const bf16 *next_row = wg == 1 ? kv_row(a, b, n, tb + 1, lr) : nullptr;
+
+    /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
+    const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
+    const uint8_t *mrow1 = a.tree_mask + ((long long)b * a.Q + min((m0 + r1) / a.H, a.Q - 1)) * a.Q;
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.f;
+    RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+
+    for (int kt = tb; kt < te; kt++) {
+        const uint32_t sk = sbase + kOffK + (uint32_t)((kt - tb) & 1) * kTileBytes;
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads(); /* tile kt landed for all; every thread is done with tile kt - 1 */
+        if (kt + 1 < te && wg == 1) {
+            load_row<2>(sbase + kOffK + (uint32_t)((kt + 1 - tb) & 1) * kTileBytes, lr, tid & 1, next_row, a.kv);
+            cp_async_commit();
+            next_row = kv_row(a, b, n, kt + 2, lr);
+        }
+        uint32_t p[4][4];
+        float alpha[2];
+        if (wg == 0) {
+            float s[32];
+            scores_wgmma(s, sq, sk);
+            softmax_tile(s, st, alpha, p, a.scale_log2, (kt + 1) * kBN > prefix, kt * kBN, n, prefix, mrow0, mrow1, t4);
+            store_p(smem + kOffP, p, r0, r1, t4); /* for warpgroup 1 */
+            if (t4 == 0) {
+                s_scale[r0] = alpha[0];
+                s_scale[r1] = alpha[1];
+            }
+            fence_proxy_async(); /* P is read by warpgroup 1's wgmma */
+        }
+        __syncthreads(); /* P and the rescale are in shared memory */
+        if (wg == 1) {
+            alpha[0] = s_scale[r0];
+            alpha[1] = s_scale[r1];
+        }
+        if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                o[4 * j] *= alpha[0];
+                o[4 * j + 1] *= alpha[0];
+                o[4 * j + 2] *= alpha[1];
+                o[4 * j + 3] *= alpha[1];
+            }
+        }
+        pv_wgmma(o, p, sp, sk, wg);
+    }
+
+    if (wg == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
+        }
+        if (t4 == 0) {
+            s_m[r0] = st.m[0], s_l[r0] = st.l[0];
+            s_m[r1] = st.m[1], s_l[r1] = st.l[1];
+        }
+    }
+    __syncthreads(); /* row sums are out; every thread's last P V is done, so the key buffers are free */
+    write_tile(a, smem, o, s_l[r0], s_l[r1], tid < kBM ? s_l[tid] : 0.f, s_m, b, m0, rows_valid, slot);
+}
+
+/* ---- the TMA kernel's segment ----
+ *
+ * As run_segment, but a key tile is 9 TMA boxes (64 / kv_box each) issued by one thread of
+ * warpgroup 1 on one mbarrier per buffer, its block-table entries read a tile earlier, so
+ * warpgroup 1 no longer spends the S phase issuing 4608 cp.async and waiting on a block-table
+ * read. Q comes by TMA too. Keys past kv_len in a request's last tile are zeroed in V by
+ * warpgroup 1 while warpgroup 0 computes S (S only uses them under the mask). */
+
+/* One segment (see run_segment). q_phase: parity of the Q barrier; k_phase: bit j, of buffer j. */
+__device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, uint32_t sbase, int b, int mt, int tb, int te,
+                                                int slot, uint32_t &q_phase, uint32_t &k_phase) {
+    const int tid = threadIdx.x, lane = tid & 31, w4 = (tid >> 5) & 3;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0); /* provably warp-uniform (see run_segment) */
+    const int g = lane >> 2, t4 = lane & 3;
+    const int m0 = mt * kBM, rows_valid = min(kBM, a.rows - m0);
+    const int n = req_keys(a, b), prefix = n - a.Q;
+    const int r0 = 16 * w4 + g, r1 = r0 + 8;
+    float *s_scale = (float *)(smem + kOffScale), *s_m = (float *)(smem + kOffM), *s_l = (float *)(smem + kOffL);
+    const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP, buf0 = sbase + kOffK;
+    const uint32_t bar_q = sbase + kOffBarT, bar0 = bar_q + 8;
+
+    fence_proxy_async(); /* this thread's generic accesses to the buffers (last staging) before the TMA below */
+    __syncthreads();
+    if (tid == 0) {
+        mbar_arrive_expect_tx(bar_q, kTileBytes);
+        for (int c = 0; c < kDqk / 64; c++) tma_load_2d(sq + c * kColBlock, &a.tm_q, 64 * c, b * a.rows + m0, bar_q);
+        int e[4];
+        tile_blocks(a, b, n, tb, e);
+        load_tile(a, b, n, tb, e, buf0, bar0);
+    }
+    int e_next[4]; /* thread 128: block-table entries of the next tile to load */
+    if (tid == 128) tile_blocks(a, b, n, tb + 1 < te ? tb + 1 : tb, e_next);
+
+    /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
+    const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
+    const uint8_t *mrow1 = a.tree_mask + ((long long)b * a.Q + min((m0 + r1) / a.H, a.Q - 1)) * a.Q;
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.f;
+    RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+    mbar_wait(bar_q, q_phase);
+    q_phase ^= 1;
+
+    for (int kt = tb; kt < te; kt++) {
+        const uint32_t j = (uint32_t)(kt - tb) & 1, sk = buf0 + j * kTileBytes;
+        mbar_wait(bar0 + 8 * j, (k_phase >> j) & 1);
+        k_phase ^= 1u << j;
+        __syncthreads(); /* every thread is done with tile kt - 1: its buffer takes tile kt + 1 */
+        if (tid == 128 && kt + 1 < te) {
+            load_tile(a, b, n, kt + 1, e_next, buf0 + (j ^ 1) * kTileBytes, bar0 + 8 * (j ^ 1));
+            tile_blocks(a, b, n, kt + 2 < te ? kt + 2 : kt, e_next);
+        }
+        uint32_t p[4][4];
+        float alpha[2];
+        if (wg == 0) {
+            float s[32];
+            scores_wgmma(s, sq, sk);
+            softmax_tile(s, st, alpha, p, a.scale_log2, (kt + 1) * kBN > prefix, kt * kBN, n, prefix, mrow0, mrow1, t4);
+            store_p(smem + kOffP, p, r0, r1, t4);
+            if (t4 == 0) {
+                s_scale[r0] = alpha[0];
+                s_scale[r1] = alpha[1];
+            }
+            fence_proxy_async(); /* P is read by warpgroup 1's wgmma */
+        } else if ((kt + 1) * kBN > n) { /* the request's last tile: keys past kv_len */
+            zero_v_rows(smem + kOffK + j * kTileBytes, max(n - kt * kBN, 0), tid & 127);
+            fence_proxy_async();
+        }
+        __syncthreads(); /* P, the rescale and the zeroed keys are in shared memory */
+        if (wg == 1) {
+            alpha[0] = s_scale[r0];
+            alpha[1] = s_scale[r1];
+        }
+        if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                o[4 * i] *= alpha[0];
+                o[4 * i + 1] *= alpha[0];
+                o[4 * i + 2] *= alpha[1];
+                o[4 * i + 3] *= alpha[1];
+            }
+        }
+        pv_wgmma(o, p, sp, sk, wg);
+    }
+
+    if (wg == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
+        }
+        if (t4 == 0) {
+            s_m[r0] = st.m[0], s_l[r0] = st.l[0];
+            s_m[r1] = st.m[1], s_l[r1] = st.l[1];
+        }
+    }
+    __syncthreads(); /* row sums are out; every thread's last P V is done, so the key buffers are free */
+    write_tile(a, smem, o, s_l[r0], s_l[r1], tid < kBM ? s_l[tid] : 0.f, s_m, b, m0, rows_valid, slot);
+}
+
+/* kTma: the TMA kernel (run_segment_tma), else the cp.async kernel (run_segment). */
+template <bool kTma>
+__global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_constant__ Args a) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const uint32_t sbase = smem_u32(smem);
+    long long *warp_sums = (long long *)(smem + kOffSched);
+    long long *found_w = warp_sums + 8;
+    int *found_b = (int *)(found_w + 1);
+    uint32_t q_phase = 0, k_phase = 0; /* the TMA kernel's barrier parities */
+    if (kTma && threadIdx.x == 0) { /* used after the segment's first __syncthreads */
+        for (int i = 0; i < 3; i++) mbar_init(sbase + kOffBarT + 8 * i, 1);
+        fence_mbar_init();
+    }
+    /* Let the combine kernel (programmatic dependent launch) start as soon as every CTA runs. */
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    const int mt = blockIdx.x, part = blockIdx.y, P = a.parts;
+    long long W = 0, s_p = 0, e_p = LLONG_MAX, wb = 0; /* wb: position of request b */
+    int b = 0;
+    if (P > 1) {
+        long long unused;
+        sched_sums(a, 0, warp_sums, &W, &unused);
+        s_p = part_start(W, P, part);
+        e_p = part_start(W, P, part + 1);
+        if (threadIdx.x == 0) *found_b = -1;
+        long long run = 0;
+        for (int base = 0; base < a.B; base += kThreads) { /* the request holding position s_p */
+            const int bb = base + threadIdx.x;
+            const long long w = bb < a.B ? key_tiles(req_keys(a, bb)) + kOverhead : 0;
+            long long t;
+            const long long incl = block_scan(w, warp_sums, &t);
+            if (bb < a.B && run + incl - w <= s_p && s_p < run + incl) {
+                *found_b = bb;
+                *found_w = run + incl - w;
+            }
+            run += t;
+            __syncthreads();
+            if (*found_b >= 0) break;
+        }
+        b = *found_b;
+        wb = *found_w;
+        if (b < 0) return; /* only when the parts outnumber W: nothing here (uniform) */
+    }
+    for (; b < a.B; b++) {
+        const int nt = key_tiles(req_keys(a, b));
+        const long long first = wb + kOverhead; /* position of the request's first key tile */
+        if (first >= e_p) break;
+        const long long tb = (s_p > first ? s_p : first) - first, te = (e_p < first + nt ? e_p : first + nt) - first;
+        if (tb < te) {
+            int slot = -1; /* direct output */
+            if (P > 1) {
+                const int p0 = part_of(W, P, first), p1 = part_of(W, P, first + nt - 1);
+                if (p0 != p1) slot = part == p0 ? 2 * part + 1 : 2 * part;
+            }
+            if constexpr (kTma) run_segment_tma(a, smem, sbase, b, mt, (int)tb, (int)te, slot, q_phase, k_phase);
+            else run_segment(a, smem, sbase, b, mt, (int)tb, (int)te, slot);
+        }
+        wb += nt + kOverhead;
+    }
+}
+
+} // namespace
+
+cudaError_t launch_main(const Args &a, int tma, int m_tiles, cudaStream_t stream, int *smem) {
+    void (*kernel)(Args) = tma ? va_sm90_kernel<true> : va_sm90_kernel<false>;
+    *smem = tma ? (int)kSmemT : (int)kSmemBytes;
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *smem);
+    if (e != cudaSuccess) return e;
+    kernel<<<dim3((unsigned)m_tiles, (unsigned)a.parts), kThreads, (size_t)*smem, stream>>>(a);
+    return cudaPeekAtLastError();
+}
+
+} // namespace kdt_va_sm90

@@ -1,0 +1,74 @@
+/* verify_attn sm90 split-KV scheduler: how the keys of all requests are cut into `parts` equal
+ * ranges (device side, the same walk in the main and the combine kernel) and how many parts a
+ * call gets (host side, choose_parts). */
+#pragma once
+
+#include "cuda/sm90/verify_attn_sm90_traits.cuh"
+
+namespace kdt_va_sm90 {
+
+__device__ __forceinline__ int req_keys(const Args &a, int b) { return min(max(a.kv_len[b], 0), a.cap); }
+__device__ __forceinline__ int key_tiles(int n) { return max(1, (n + kBN - 1) / kBN); }
+/* Part p covers positions [part_start(p), part_start(p + 1)) of W. */
+__device__ __forceinline__ long long part_start(long long W, int P, int p) { return (long long)p * W / P; }
+/* The part holding position pos: the largest p with part_start(p) <= pos. */
+__device__ __forceinline__ int part_of(long long W, int P, long long pos) { return (int)(((pos + 1) * P + W - 1) / W - 1); }
+
+/* Inclusive scan over the CTA's 256 threads; *total gets the CTA's sum. */
+static __device__ long long block_scan(long long v, long long *warp_sums, long long *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const long long u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    if (lane == 31) warp_sums[warp] = v;
+    __syncthreads();
+    long long before = 0, sum = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; w++) {
+        const long long s = warp_sums[w];
+        if (w < warp) before += s;
+        sum += s;
+    }
+    __syncthreads(); /* warp_sums is reused by the next call */
+    *total = sum;
+    return v + before;
+}
+
+/* W (all positions) and the sum of the positions of requests before `upto`. */
+static __device__ void sched_sums(const Args &a, int upto, long long *warp_sums, long long *W, long long *before) {
+    *W = 0;
+    *before = 0;
+    for (int base = 0; base < a.B; base += kThreads) {
+        const int b = base + threadIdx.x;
+        const long long w = b < a.B ? key_tiles(req_keys(a, b)) + kOverhead : 0;
+        long long t, u;
+        block_scan(w, warp_sums, &t);
+        block_scan(b < upto ? w : 0, warp_sums, &u);
+        *W += t;
+        *before += u;
+    }
+}
+
+/* Scheduler constants: a key tile's time, the combine kernel's fixed cost, and the rate at which
+ * partials are written and read back (mostly L2). Only their ratios matter. */
+constexpr double kTileUs = 2.0, kCombineUs = 3.0, kPartialBytesPerUs = 5e6;
+constexpr int kStartTiles = 3; /* a CTA's start (schedule, first loads) and end, in key tiles */
+
+/* Parts per row tile: the split with the least estimated time, counting waves of CTAs (one CTA
+ * per SM), the longest part's tiles and the partials' traffic; up to 4 waves. nt: key tiles per
+ * request as the host sees it (the cache's capacity). */
+inline int choose_parts(int B, int m_tiles, long long nt, int sms, int rows) {
+    int best = 1;
+    double best_us = 0;
+    for (int P = 1; P <= 65535 && (P == 1 || (long long)m_tiles * P <= 4LL * sms); P++) {
+        const double waves = (double)(((long long)m_tiles * P + sms - 1) / sms);
+        double us = waves * ((double)B * (double)(nt + kOverhead) / P + kStartTiles) * kTileUs;
+        if (P > 1) us += kCombineUs + 1.5 * (P - 1) * rows * (kDv * 2.0 + 4.0) * 2.0 / kPartialBytesPerUs;
+        if (P == 1 || us < 0.97 * best_us) best = P, best_us = us; /* more parts only for a clear gain */
+    }
+    return best;
+}
+
+} // namespace kdt_va_sm90
