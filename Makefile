@@ -25,10 +25,13 @@ NVCCFLAGS  ?= -O3 -lineinfo
 NVCCFLAGS  += -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
               --expt-relaxed-constexpr -MMD -MP
 
-LIB_C   := $(wildcard src/common/*.c src/kdtr/*.c src/ops/*.c src/cpu/*.c src/model/*.c src/spec/*.c)
+# The library's layers, lowest first: a layer's C files in its folder, its CUDA code in <layer>/cuda/
+# (the ops' CUDA backend is src/cuda/, beside src/cpu/), its CPU-only stubs in <layer>/no_cuda.c.
+LIB_DIRS := src/common src/kdtr src/ops src/cpu src/model src/spec
+LIB_C   := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/obj/%.o)
 ifeq ($(KDT_CUDA),1)
-LIB_CU    := $(wildcard src/cuda/*.cu)
+LIB_CU    := $(wildcard src/cuda/*.cu $(LIB_DIRS:%=%/cuda/*.cu))
 SM90_CU   := $(wildcard src/cuda/sm90/*.cu)
 LIB_OBJ   += $(LIB_CU:%.cu=$(BUILD)/obj/%.o) $(SM90_CU:%.cu=$(BUILD)/obj/%.o)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++

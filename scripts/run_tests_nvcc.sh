@@ -17,10 +17,11 @@ mkdir -p "$BUILD/obj" "$BUILD/tests"
 
 objs=()
 compile_c() { local o="$BUILD/obj/${1//\//_}.o"; echo "cc   $1"; $CC $CFLAGS -c "$1" -o "$o"; objs+=("$o"); }
-for f in src/common/*.c src/kdtr/*.c src/ops/*.c src/cpu/*.c src/model/*.c src/spec/*.c; do [ -e "$f" ] && compile_c "$f"; done
+LIB_DIRS="src/common src/kdtr src/ops src/cpu src/model src/spec"  # the layers, as in the Makefile
+for d in $LIB_DIRS; do for f in "$d"/*.c; do [ -e "$f" ] && compile_c "$f"; done; done
 if [ "$KDT_CUDA" = 1 ]; then
     CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
-    for f in src/cuda/*.cu src/cuda/sm90/*.cu; do
+    for f in src/cuda/*.cu src/cuda/sm90/*.cu $(for d in $LIB_DIRS; do echo "$d"/cuda/*.cu; done); do
         [ -e "$f" ] || continue
         arch=$ARCH; case $f in src/cuda/sm90/*) arch="-gencode arch=compute_90a,code=sm_90a";; esac
         o="$BUILD/obj/${f//\//_}.o"; echo "nvcc $f"; $NVCC $NVFLAGS $arch -c "$f" -o "$o"; objs+=("$o")

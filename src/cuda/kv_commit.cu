@@ -5,7 +5,7 @@
  * of an earlier move (base + i_t' with t' < t), which is read before t writes it (same chunk:
  * the barrier between the reads and the writes; earlier chunk: the barrier that ends it), but
  * never the source of a later move, since i_t'' >= t'' > t. */
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 #include "ops/backends.h"
 
 namespace {

@@ -9,7 +9,7 @@
  * before they index anything; the walk reads only nodes 0 .. num_nodes of a checked tree. */
 #include <climits>
 
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 #include "cuda/tree_accept.h"
 #include "ops/backends.h"
 

@@ -35,7 +35,7 @@
  * (refused by the adapter) take the sequential path and only give a different tree. */
 #include <stdint.h>
 
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 #include "ops/backends.h"
 
 namespace {

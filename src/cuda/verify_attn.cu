@@ -17,7 +17,7 @@
  * for tree keys, at columns inside [0, Q). */
 #include <climits>
 
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 #include "cuda/sm90/verify_attn_sm90.h"
 #include "ops/backends.h"
 

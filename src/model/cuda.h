@@ -1,4 +1,4 @@
-/* The model's CUDA entry points (src/cuda/model_*.cu). A CPU-only build has stubs that fail with
+/* The model's CUDA entry points (src/model/cuda/). A CPU-only build has stubs that fail with
  * KDT_ERR_NO_CUDA (src/model/no_cuda.c); the model never calls them there, since a CUDA model
  * cannot be made without a device. */
 #pragma once
@@ -9,13 +9,13 @@
 extern "C" {
 #endif
 
-/* The CUDA forward (model_forward.cu), as kdt_forward_cpu: the batch is validated, the cache grown.
+/* The CUDA forward (cuda/forward.cu), as kdt_forward_cpu: the batch is validated, the cache grown.
  * Runs on `stream` and returns once logits and hidden (host or device memory) are written. */
 kdt_status kdt_forward_cuda(kdt_model *m, kdt_cache *c, const kdt_batch *b, const int32_t *start, const int32_t *positions,
                             float *logits, float *hidden, void *stream);
 void       kdt_cuda_ctx_free(struct kdt_cuda_ctx *ctx);
 
-/* Device fills (model_kernels.cu), on the legacy default stream: n values of dtype (bf16 or f32)
+/* Device fills (cuda/kernels.cu), on the legacy default stream: n values of dtype (bf16 or f32)
  * uniform in [center - scale, center + scale), a hash of (seed, index); n bytes set to `byte`. */
 kdt_status kdt_cuda_fill_uniform(void *dst, kdt_dtype dtype, size_t n, uint64_t seed, float center, float scale);
 kdt_status kdt_cuda_fill_bytes(void *dst, int byte, size_t n);

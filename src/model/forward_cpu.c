@@ -1,7 +1,7 @@
 /* The CPU forward in f32, the reference: each step written as transformers' DeepseekV3 computes
  * it, except attention, which runs in absorbed form through kdt_verify_attn over the paged
  * latent cache. A model of dtype bf16 also rounds to bf16 what the CUDA backend stores in bf16
- * (src/cuda/model_forward.cu): the weight matrices, the inputs of the projections, the latent
+ * (src/model/cuda/forward.cu): the weight matrices, the inputs of the projections, the latent
  * cache rows, the absorbed queries and the attention outputs; the reference of the CUDA bf16 path. */
 #include <math.h>
 #include <stdlib.h>

@@ -57,7 +57,7 @@ typedef struct kdt_layer_dw {
     void *exp_down;                            /* [E, hidden, I] */
 } kdt_layer_dw;
 
-struct kdt_cuda_ctx;                           /* cuBLAS handle and scratch (src/cuda/model_forward.cu) */
+struct kdt_cuda_ctx;                           /* cuBLAS handle and scratch (src/model/cuda/forward.cu) */
 
 struct kdt_model {
     kdt_model_config cfg;

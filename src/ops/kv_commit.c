@@ -1,7 +1,6 @@
 /* kv_commit (docs/ops.md): validation, backend dispatch and the tensor adapter. */
 #include <string.h>
 
-#include "common/device.h"
 #include "common/internal.h"
 #include "ops/backends.h"
 #include "ops/io.h"
@@ -30,12 +29,7 @@ kdt_status kdt_kv_commit(const kdt_kv_commit_params *p, kdt_backend backend, voi
     kdt_status s = validate(p);
     if (s != KDT_OK || p->B == 0) return s;
     if (backend == KDT_BACKEND_CPU) return kdt_kv_commit_cpu(p);
-#if KDT_HAVE_CUDA
     return kdt_kv_commit_cuda(p, stream);
-#else
-    (void)stream;
-    return kdt_no_cuda("kv_commit");
-#endif
 }
 
 kdt_status kdt_kv_commit_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend) {

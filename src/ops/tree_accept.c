@@ -1,5 +1,4 @@
 /* tree_accept (SPEC 2.3): validation, backend dispatch and the tensor adapter. */
-#include "common/device.h"
 #include "common/internal.h"
 #include "ops/backends.h"
 #include "ops/io.h"
@@ -21,12 +20,7 @@ kdt_status kdt_tree_accept(const kdt_tree_accept_params *p, kdt_backend backend,
     kdt_status s = validate(p);
     if (s != KDT_OK || p->B == 0) return s;
     if (backend == KDT_BACKEND_CPU) return kdt_tree_accept_cpu(p);
-#if KDT_HAVE_CUDA
     return kdt_tree_accept_cuda(p, stream);
-#else
-    (void)stream;
-    return kdt_no_cuda("tree_accept");
-#endif
 }
 
 kdt_status kdt_tree_accept_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend) {

@@ -1,7 +1,6 @@
 /* tree_build (SPEC 2.1): validation, backend dispatch and the tensor adapter. */
 #include <math.h>
 
-#include "common/device.h"
 #include "common/internal.h"
 #include "ops/backends.h"
 #include "ops/io.h"
@@ -29,12 +28,7 @@ kdt_status kdt_tree_build(const kdt_tree_build_params *p, kdt_backend backend, v
     kdt_status s = validate(p);
     if (s != KDT_OK || p->B == 0) return s;
     if (backend == KDT_BACKEND_CPU) return kdt_tree_build_cpu(p);
-#if KDT_HAVE_CUDA
     return kdt_tree_build_cuda(p, stream);
-#else
-    (void)stream;
-    return kdt_no_cuda("tree_build");
-#endif
 }
 
 /* -inf and NaN rank below every finite score (SPEC 2.1). */

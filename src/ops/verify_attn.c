@@ -6,7 +6,6 @@
  * outside the cache: they clamp kv_len to the cache and skip keys whose block is out of range. */
 #include <math.h>
 
-#include "common/device.h"
 #include "common/internal.h"
 #include "ops/backends.h"
 #include "ops/io.h"
@@ -76,12 +75,7 @@ kdt_status kdt_verify_attn(const kdt_verify_attn_params *p, kdt_backend backend,
         if ((s = check_data(p)) != KDT_OK) return s;
         return kdt_verify_attn_cpu(p);
     }
-#if KDT_HAVE_CUDA
     return kdt_verify_attn_cuda(p, stream); /* picks the kernel: src/cuda/verify_attn.cu */
-#else
-    (void)stream;
-    return kdt_no_cuda("verify_attn");
-#endif
 }
 
 /* Reads a dim that must fit an int32 param. */

@@ -1,5 +1,5 @@
 /* Helpers shared by the files of src/spec/: the host versions of the per-row reductions, and the
- * stream helpers of the CUDA backend (src/cuda/spec.cu; src/spec/no_cuda.c in a CPU-only build). */
+ * stream helpers of the CUDA backend (src/spec/cuda/rows.cu; src/spec/no_cuda.c in a CPU-only build). */
 #pragma once
 
 #include "kdt/spec.h"

@@ -5,7 +5,7 @@
 
 #include <cuda.h> /* CUtensorMap; the encoder is reached through the runtime (no -lcuda) */
 
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 #include "kdt/ops.h"
 #include "cuda/sm90/sm90_ptx.cuh"
 

@@ -1,6 +1,6 @@
 /* The model's CUDA forward: the CPU reference's steps (src/model/forward_cpu.c) with the
  * projections in cuBLAS (bf16 or f32 operands, f32 accumulation), the rest in the kernels of
- * model_kernels.cu, attention through verify_attn over the paged latent cache, and the MoE routed
+ * kernels.cu, attention through verify_attn over the paged latent cache, and the MoE routed
  * on the device. Activations between GEMMs are in the model's dtype; the residual stream, norms,
  * rope, the router and every GEMM output that feeds a non-linearity are f32.
  *
@@ -14,10 +14,10 @@
 
 #include <cublas_v2.h>
 
-#include "cuda/cuda_common.cuh"
-#include "cuda/model_kernels.h"
+#include "common/cuda/cuda_common.cuh"
 #include "kdt/ops.h"
 #include "model/cuda.h"
+#include "model/cuda/kernels.h"
 
 #define KDT_CUBLAS_CHECK(call)                                                                   \
     do {                                                                                         \

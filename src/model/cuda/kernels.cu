@@ -1,10 +1,10 @@
-/* Kernels of the model's CUDA forward (see model_kernels.h), and the device fills of
+/* Kernels of the model's CUDA forward (see kernels.h), and the device fills of
  * src/model/cuda.h. Each step follows the CPU reference (src/model/forward_cpu.c) operation for
  * operation in f32; only reduction orders differ. Element-wise kernels use grid-stride loops over
  * int64 indices; row kernels take one block per row. */
-#include "cuda/cuda_common.cuh"
-#include "cuda/model_kernels.h"
+#include "common/cuda/cuda_common.cuh"
 #include "model/cuda.h"
+#include "model/cuda/kernels.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 /* Device memory helpers behind src/common/device.h, and kdt_cuda_available. */
 #include "common/device.h"
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 
 extern "C" int kdt_cuda_available(void) {
     int n = 0;

@@ -1,4 +1,4 @@
-/* Kernels of the model's CUDA forward (model_kernels.cu): the steps between the cuBLAS
+/* Kernels of the model's CUDA forward (kernels.cu): the steps between the cuBLAS
  * projections. `dt` is the activation dtype (KDT_BF16 or KDT_F32): what the GEMMs read; norms,
  * rope, the router and the residual stream work in f32. Every launcher queues its work on the
  * stream and checks the launch; inputs are trusted (the forward built them). */

@@ -6,7 +6,7 @@
 #include <climits>
 #include <math.h>
 
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 #include "spec/internal.h"
 
 namespace {
