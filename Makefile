@@ -97,7 +97,11 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-test: all
+# What the build and the tests need is checked first: one line naming what is missing, not a
+# compiler error or a traceback half way.
+test:
+	@CC="$(CC)" CXX="$(CXX)" CPPFLAGS="$(CPPFLAGS)" bash scripts/check_deps.sh test
+	@$(MAKE) --no-print-directory all
 	bash scripts/run_tests.sh $(BUILD)
 
 # libFuzzer + ASan/UBSan build of the KDTR reader (clang from Debian's packages).
