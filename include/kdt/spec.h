@@ -106,6 +106,10 @@ typedef struct kdt_spec_params {
     int32_t pad_tree;             /* 0: each request verifies num_nodes + 1 rows; 1: always N + 1 rows
                                      (fill rows see only themselves; static shapes) */
     int32_t sync_timing;          /* CUDA: synchronize after each phase so that the split is exact */
+    /* Optional (NULL: none): called on the host for each token a request emits, in order, as
+     * soon as the step that decided it ends; request is the index into reqs. For streaming. */
+    void (*on_token)(void *user, int32_t request, int32_t token);
+    void *user;                   /* on_token's first argument */
 } kdt_spec_params;
 
 /* Times in seconds, host clock (after a synchronize on CUDA when sync_timing). */
