@@ -1,4 +1,4 @@
-/* KDTR container (SPEC section 1): a reader that validates every rule before handing out a
+/* KDTR container (docs/interfaces.md section 1): a reader that validates every rule before handing out a
  * tensor, and a writer that produces files every reader accepts. */
 #pragma once
 

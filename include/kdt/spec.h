@@ -1,7 +1,7 @@
-/* Speculative decoding (issue 9): the loop and its drafters.
+/* Speculative decoding: the loop and its drafters.
  *
  * Each step, for every unfinished request of a batch: a drafter proposes D positions of K
- * candidates (scores / tokens [B, D, K], SPEC 2.1's inputs), kdt_tree_build keeps the N best
+ * candidates (scores / tokens [B, D, K], docs/interfaces.md 2.1's inputs), kdt_tree_build keeps the N best
  * nodes, the target model runs once over the tree rows (root + nodes, tree_build's positions
  * and mask), the greedy argmax of each row's logits is the target's prediction, kdt_tree_accept
  * keeps the longest confirmed path plus the bonus token and kdt_cache_commit compacts the cache.

@@ -78,7 +78,7 @@ def load(path):
 
 
 def call_op(op, t, out=None):
-    """Calls the binding with a bundle's tensors (numpy or torch), SPEC argument order. Scalars
+    """Calls the binding with a bundle's tensors (numpy or torch), the argument order of docs/interfaces.md. Scalars
     go in as the bundle's 0-d arrays, so a float budget is refused as it would be from Python."""
     if op == "tree_build":
         return kdt.tree_build(t["scores"], t["tokens"], t["root_token"], t["seq_len"], t["budget"], out=out)
@@ -282,7 +282,7 @@ def test_torch_cpu_tensors_run_on_cpu():
 # ---- round trips through each op's struct, against numpy written here ----
 
 def attn_reference(q, kv, kv_len, mask, scale, dv):
-    """SPEC 2.2 in float64 on the contiguous layout."""
+    """docs/interfaces.md 2.2 in float64 on the contiguous layout."""
     B, Q, H, _ = q.shape
     o, lse = np.zeros((B, Q, H, dv)), np.zeros((B, Q, H))
     for b in range(B):
@@ -372,7 +372,7 @@ def accept_inputs(B, Q, seed=0):
 
 
 def test_accept_against_python_walk():
-    """tree_accept through the binding against a walk written here (SPEC 2.3)."""
+    """tree_accept through the binding against a walk written here (docs/interfaces.md 2.3)."""
     tok, par, num, pred = accept_inputs(32, 17, seed=np.random.SeedSequence().entropy % 2**32)
     r = kdt.tree_accept(tok, par, num, pred)
     for b in range(32):

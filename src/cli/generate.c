@@ -1,4 +1,4 @@
-/* kdt generate (SPEC section 3): greedy decoding with the target model, plain or speculative
+/* kdt generate (docs/interfaces.md section 3): greedy decoding with the target model, plain or speculative
  * (kdt_spec_generate). Generated ids go to stdout, one line per prompt; progress and statistics
  * go to stderr. */
 #include <errno.h>

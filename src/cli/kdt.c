@@ -1,4 +1,4 @@
-/* kdt: the command-line front end (SPEC section 3). */
+/* kdt: the command-line front end (docs/interfaces.md section 3). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +26,7 @@ static void usage(FILE *f) {
             "\n"
             "ops:\n");
     for (size_t i = 0; kdt_op_at(i); i++) fprintf(f, "  %-12s %s\n", kdt_op_at(i)->name, kdt_op_at(i)->summary);
+    fprintf(f, "\nEach op's tensors and rules, the KDTR format and this command line: docs/interfaces.md\n");
 }
 
 /* "kdt: WHAT: message"; WHAT is left out where the message already starts with it (the op

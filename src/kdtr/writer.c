@@ -1,4 +1,4 @@
-/* KDTR writer (SPEC section 1): tensors in insertion order, each at a 64-aligned offset with
+/* KDTR writer (docs/interfaces.md section 1): tensors in insertion order, each at a 64-aligned offset with
  * zero padding, so that every reader accepts the result. */
 #include <errno.h>
 #include <fcntl.h>
