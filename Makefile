@@ -1,6 +1,8 @@
 # kdtree-engine. `make` builds build/kdt, build/libkdt.a, build/libkdt.so, the tests and benches;
 # the CUDA backend is built when nvcc is found (KDT_CUDA=0 forces a CPU-only build).
-# CPPFLAGS / LDFLAGS add include and library paths (e.g. a cJSON outside /usr).
+# CFLAGS, CXXFLAGS, NVCCFLAGS, CPPFLAGS, LDFLAGS and LDLIBS given on the command line add to the
+# project's own flags (KDT_*), which the build needs whatever they say; CPPFLAGS / LDFLAGS add
+# include and library paths (e.g. a cJSON outside /usr).
 # `make test` runs every test and ends with "N passed, M failed, K skipped".
 
 BUILD     ?= build
@@ -11,10 +13,10 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 
 CFLAGS   ?= -O2 -g
 CXXFLAGS ?= -O2 -g
-CXXFLAGS += -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -MMD -MP
-CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
-            -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
-LDLIBS   := -lm -lpthread -lcjson
+KDT_CXXFLAGS := -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -MMD -MP
+KDT_CFLAGS   := -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
+                -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
+KDT_LDLIBS   := -lm -lpthread -lcjson
 
 # sm_90 and sm_120 machine code plus PTX for later chips; Hopper-only kernels (src/cuda/sm90/)
 # are built for sm_90a alone, where wgmma and setmaxnreg exist.
@@ -22,7 +24,7 @@ CUDA_ARCH  ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code
               -gencode arch=compute_120,code=compute_120
 SM90_ARCH  ?= -gencode arch=compute_90a,code=sm_90a
 NVCCFLAGS  ?= -O3 -lineinfo
-NVCCFLAGS  += -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
+KDT_NVCCFLAGS := -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
               --expt-relaxed-constexpr -MMD -MP
 
 # The library's layers, lowest first: a layer's C files in its folder, its CUDA code in <layer>/cuda/
@@ -34,7 +36,9 @@ ifeq ($(KDT_CUDA),1)
 LIB_CU    := $(wildcard src/cuda/*.cu $(LIB_DIRS:%=%/cuda/*.cu))
 SM90_CU   := $(wildcard src/cuda/sm90/*.cu)
 LIB_OBJ   += $(LIB_CU:%.cu=$(BUILD)/obj/%.o) $(SM90_CU:%.cu=$(BUILD)/obj/%.o)
-LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+# cuBLAS is opened on first use (src/common/cublas_lazy.c), not linked: see there why.
+KDT_CFLAGS += -I$(CUDA_HOME)/include
+KDT_LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 endif
 
 CLI_C     := $(wildcard src/cli/*.c)
@@ -54,7 +58,7 @@ endif
 
 # Objects depend on the flags they were built with, so switching KDT_CUDA or flags rebuilds.
 CONFIG := $(BUILD)/config.stamp
-$(shell mkdir -p $(BUILD); echo '$(KDT_CUDA) $(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA_ARCH)' | cmp -s - $(CONFIG) 2>/dev/null || echo '$(KDT_CUDA) $(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA_ARCH)' > $(CONFIG))
+$(shell mkdir -p $(BUILD); echo '$(KDT_CUDA) $(CC) $(KDT_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(NVCCFLAGS) $(CUDA_ARCH)' | cmp -s - $(CONFIG) 2>/dev/null || echo '$(KDT_CUDA) $(CC) $(KDT_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(NVCCFLAGS) $(CUDA_ARCH)' > $(CONFIG))
 
 .PHONY: all lib test dev fuzz clean
 .SECONDARY:
@@ -63,44 +67,48 @@ lib: $(BUILD)/libkdt.a $(BUILD)/libkdt.so
 
 $(BUILD)/obj/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+	$(CC) $(KDT_CFLAGS) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cc $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+	$(CXX) $(KDT_CXXFLAGS) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
 $(BUILD)/obj/src/cuda/sm90/%.o: src/cuda/sm90/%.cu $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) $(SM90_ARCH) -c $< -o $@
+	$(NVCC) $(KDT_NVCCFLAGS) $(CPPFLAGS) $(NVCCFLAGS) $(SM90_ARCH) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) $(CUDA_ARCH) -c $< -o $@
+	$(NVCC) $(KDT_NVCCFLAGS) $(CPPFLAGS) $(NVCCFLAGS) $(CUDA_ARCH) -c $< -o $@
 
 $(BUILD)/libkdt.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
 $(BUILD)/libkdt.so: $(LIB_OBJ)
-	$(CC) $(LDFLAGS) -shared -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -shared -o $@ $^ $(KDT_LDLIBS) $(LDLIBS)
 
 $(BUILD)/kdt: $(CLI_C:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkdt.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(KDT_LDLIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELP:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(KDT_LDLIBS) $(LDLIBS)
 
 # C++ tests (the emulated kernel code): no harness, linked with the C++ runtime and threads.
 $(TEST_CC:tests/%.cc=$(BUILD)/tests/%): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)
-	$(CXX) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
+	$(CXX) $(LDFLAGS) -pthread -o $@ $^ $(KDT_LDLIBS) $(LDLIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(KDT_LDLIBS) $(LDLIBS)
 
-test: all
+# What the build and the tests need is checked first: one line naming what is missing, not a
+# compiler error or a traceback half way.
+test:
+	@CC="$(CC)" CXX="$(CXX)" CPPFLAGS="$(CPPFLAGS)" bash scripts/check_deps.sh test
+	@$(MAKE) --no-print-directory all
 	bash scripts/run_tests.sh $(BUILD)
 
 # Kernel experiments outside the library (dev/cuda/, one file each, its compile line in its header;

@@ -1,4 +1,4 @@
-/* verify_attn on Hopper (issue 6): the sm90 kernel on the issue's shapes, against the ceilings
+/* verify_attn on Hopper: the sm90 kernel on the target shapes, against the ceilings
  * measured in the same run and FlashMLA's numbers from the issue.
  *
  *   build/bench/bench_verify_attn [--reps 50] [--out docs/perf/verify_attn_sm90_results.md]
@@ -34,7 +34,7 @@ namespace {
 
 struct Shape {
     int B, H, Q, prefix;
-    double flashmla_us; /* issue 6's table: FlashMLA dense decode, no tree mask, kernel + combine */
+    double flashmla_us; /* FlashMLA's own table: dense decode, no tree mask, kernel + combine */
 };
 const Shape kShapes[] = {
     {1, 64, 33, 32768, 218}, {16, 64, 17, 4096, 258}, {32, 64, 9, 8192, 477}, {1, 64, 257, 8192, 418},

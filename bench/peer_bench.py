@@ -247,7 +247,7 @@ class Bench:
 
 
 def heapq_tree_build(scores, tokens, root_token, seq_len, N):
-    """SPEC 2.1 the way a Python user writes it: a heap of frontier candidates per request."""
+    """docs/interfaces.md 2.1 the way a Python user writes it: a heap of frontier candidates per request."""
     B, D, K = scores.shape
     Q = N + 1
     out = {"num_nodes": np.zeros(B, np.int32), "node_token": np.full((B, Q), -1, np.int32),
@@ -257,7 +257,7 @@ def heapq_tree_build(scores, tokens, root_token, seq_len, N):
            "first_child": np.full((B, Q), -1, np.int32), "next_sibling": np.full((B, Q), -1, np.int32)}
     for b in range(B):
         sc, tk = scores[b].tolist(), tokens[b].tolist()
-        # key: (-score, depth, parent, k) is the SPEC's order: best score, then shallower, lower parent, lower k
+        # key: (-score, depth, parent, k) is the interface's order: best score, then shallower, lower parent, lower k
         heap = [(-s, 1, 0, k) for k, s in enumerate(sc[0]) if s > -math.inf]
         heapq.heapify(heap)
         nodes = [(int(root_token[b]), -1, 0, -1, 0.0)]  # (token, parent, depth, cand, score), root first
@@ -291,7 +291,7 @@ def heapq_tree_build(scores, tokens, root_token, seq_len, N):
 
 
 def torch_greedy_accept(torch, node_token, node_parent, num_nodes, target_pred, depth):
-    """SPEC 2.3 vectorized over requests: one masked step per tree level, no host sync."""
+    """docs/interfaces.md 2.3 vectorized over requests: one masked step per tree level, no host sync."""
     B, Q = node_token.shape
     cols = torch.arange(Q, device=node_token.device)
     par = node_parent.long().clamp(min=0)

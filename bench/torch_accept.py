@@ -1,4 +1,4 @@
-"""Baseline for tree_accept: the SPEC 2.3 greedy rule in vectorized torch (no Python loop over
+"""Baseline for tree_accept: the docs/interfaces.md 2.3 greedy rule in vectorized torch (no Python loop over
 requests; one loop over the tree's depth, no host sync inside), timed with
 torch.cuda.Event for the B x N grid of bench/bench_accept.cu.
 
@@ -30,7 +30,7 @@ except ImportError:
 
 
 def torch_accept(tok, par, num, pred, steps):
-    """SPEC 2.3 on [B, Q] int32 CUDA tensors: (accept_len, accept_index, accept_tokens, status).
+    """docs/interfaces.md 2.3 on [B, Q] int32 CUDA tensors: (accept_len, accept_index, accept_tokens, status).
     `steps` bounds the walk (the tree's depth, which a serving stack knows); no host sync inside."""
     B, Q = tok.shape
     ar = torch.arange(Q, device=tok.device, dtype=torch.int32)

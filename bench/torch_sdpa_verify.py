@@ -1,4 +1,4 @@
-"""torch SDPA on issue 6's verify_attn shapes: the baseline of bench/bench_verify_attn.cu's torch column.
+"""torch SDPA on the verify_attn benchmark's shapes: the baseline of bench/bench_verify_attn.cu's torch column.
 
     python3 bench/torch_sdpa_verify.py [--reps 20] [--csv build/bench/torch_sdpa_verify.csv]
 

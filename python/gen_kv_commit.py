@@ -1,4 +1,4 @@
-"""Reference bundles for kv_commit (docs/ops.md), written from the contract with numpy alone.
+"""Reference bundles for kv_commit (docs/interfaces.md 2.5), written from the contract with numpy alone.
 
     python3 python/gen_kv_commit.py --out DIR --seed S
 

@@ -1,10 +1,10 @@
-"""Reference bundles for tree_accept (SPEC 2.3), written from the SPEC with numpy alone.
+"""Reference bundles for tree_accept (docs/interfaces.md 2.3), written from the rule of docs/interfaces.md with numpy alone.
 
     python3 python/gen_tree_accept.py --out DIR --seed S
 
 writes DIR/tree_accept_<case>.kdtr: the inputs (node_token, node_parent, num_nodes,
 target_pred) and expected.<output> for accept_len, accept_index, accept_tokens, status.
-Status codes (docs/ops.md): 1 num_nodes outside 0 .. Q-1, 2 a parent of nodes 1 .. num_nodes
+Status codes (docs/interfaces.md 2.3): 1 num_nodes outside 0 .. Q-1, 2 a parent of nodes 1 .. num_nodes
 outside [0, child).
 """
 import argparse
@@ -22,7 +22,7 @@ VOCAB = 32000
 
 
 def accept_reference(node_token, node_parent, num_nodes, target_pred):
-    """SPEC 2.3 for every request: check the tree, then the greedy walk."""
+    """docs/interfaces.md 2.3 for every request: check the tree, then the greedy walk."""
     B, Q = node_token.shape
     accept_len = np.zeros(B, np.int32)
     accept_index = np.full((B, Q), -1, np.int32)

@@ -1,4 +1,4 @@
-"""Reference bundles for tree_build (SPEC 2.1), written from the SPEC's rule alone.
+"""Reference bundles for tree_build (docs/interfaces.md 2.1), written from the interface's rule alone.
 
     python3 python/gen_tree_build.py --out DIR --seed S
 
@@ -9,7 +9,7 @@ and expected_error, UTF-8 bytes the error message must contain).
 The reference is the rule taken literally, vectorized over the batch: every step looks at every
 not yet selected child of every selected node (no frontier, no heap, no reliance on sorted rows),
 takes the highest finite score, then lower depth, lower parent, lower k. Scores are summed in
-float32 exactly as the SPEC says. A child whose sum is not finite is never selected (that covers
+float32 exactly as docs/interfaces.md says. A child whose sum is not finite is never selected (that covers
 -inf and NaN, and +inf from an overflowing sum: "no candidate with a finite score is left").
 """
 import argparse
@@ -70,7 +70,7 @@ def select(scores, N):
 
 
 def build(scores, tokens, root_token, seq_len, N):
-    """Every output of SPEC 2.1 for one batch."""
+    """Every output of docs/interfaces.md 2.1 for one batch."""
     B, D, K = scores.shape
     Q = N + 1
     count, parent, depth, cand, score = select(scores, N)
@@ -109,7 +109,7 @@ def build(scores, tokens, root_token, seq_len, N):
 # ---- inputs ----
 
 def sort_rows(x):
-    """Non-increasing rows; NaN sorts with -inf, at the end (the SPEC's order)."""
+    """Non-increasing rows; NaN sorts with -inf, at the end (the interface's order)."""
     x = np.asarray(x, F32)
     order = np.argsort(-np.where(np.isnan(x), -np.inf, x), axis=-1, kind="stable")
     return np.take_along_axis(x, order, axis=-1)

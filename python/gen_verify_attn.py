@@ -1,11 +1,11 @@
-"""Reference bundles for verify_attn (SPEC 2.2), written from the SPEC with numpy alone.
+"""Reference bundles for verify_attn (docs/interfaces.md 2.2), written from the rule of docs/interfaces.md with numpy alone.
 
     python3 python/gen_verify_attn.py --out DIR --seed S [--only NAME ...] [--sm-scale X]
 
 writes DIR/verify_attn_<case>.kdtr: the inputs (q, kv + kv_len or kv_cache + block_table +
 kv_len, tree_mask, sm_scale, dv) and expected.o, expected.lse (f64, computed in f64 from the
 very values stored in the bundle, so a bf16 bundle's reference uses the bf16-rounded inputs).
-Tree masks come from best-first trees built by the tree_build rule (SPEC 2.1) on random top-K
+Tree masks come from best-first trees built by the tree_build rule (docs/interfaces.md 2.1) on random top-K
 scores; an underfull tree leaves fill rows and columns of zeros. Cache rows that hold no key
 of any request are NaN, so a kernel that reads one fails.
 

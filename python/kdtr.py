@@ -1,4 +1,4 @@
-"""KDTR container (SPEC section 1) over numpy: write and read named tensors.
+"""KDTR container (docs/interfaces.md section 1) over numpy: write and read named tensors.
 
     import numpy as np, kdtr
     kdtr.save("x.kdtr", {"scores": np.zeros((2, 3), np.float32), "budget": np.int32(8)})
@@ -103,7 +103,7 @@ def save(path, tensors):
 
 
 class KdtrError(ValueError):
-    """A file breaks a rule of SPEC section 1; `rule` is the C status suffix (KDT_ERR_KDTR_<rule>)."""
+    """A file breaks a rule of docs/interfaces.md section 1; `rule` is the C status suffix (KDT_ERR_KDTR_<rule>)."""
 
     def __init__(self, rule, message):
         super().__init__(f"{message} ({rule})")

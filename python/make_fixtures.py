@@ -4,7 +4,7 @@ logits and greedy continuations tests/test_model.c checks the C forward against.
     python3 python/make_fixtures.py [--out tests/fixtures/model] [--seed 1234]
 
 Needs torch and transformers (5.x). Each fixture folder holds a checkpoint in the hub's form
-(SPEC section 4: config.json with rope_scaling / rope_theta at the top level, one tensor per
+(docs/interfaces.md section 4: config.json with rope_scaling / rope_theta at the top level, one tensor per
 expert) or, for `tf5`, transformers 5's own form (save_pretrained's config.json with
 rope_parameters, experts fused in model.safetensors), plus expected.kdtr:
   prompt i32 [P], continuation i32 [32] (greedy), logits f32 [P + 32, vocab]: transformers'

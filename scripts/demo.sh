@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
+bash scripts/check_deps.sh demo
 make -j2 build/kdt >/dev/null
 echo "== one speculative step, op by op"
 python3 python/demo_step.py --kdt build/kdt --work "${TMPDIR:-/tmp}/kdt-demo"

@@ -3,7 +3,8 @@
 #   bash scripts/run_tests.sh [BUILD_DIR]      (make test calls this after building)
 # Reference bundles are generated fresh by python/gen_*.py with a new seed each run (KDT_SEED
 # fixes it to replay a failure). Each test binary prints PASS/FAIL/SKIP lines; pytest's summary
-# is counted too. A binary that exits non-zero without a FAIL line (a crash) counts as a failure.
+# is counted too. A binary that exits non-zero without a FAIL line (a crash), or that reports no
+# check at all, counts as a failure.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -12,10 +13,12 @@ export KDT_TEST_DATA="$BUILD/data"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 passed=0; failed=0; skipped=0
 
-count() {  # count PASS/FAIL/SKIP lines of a log; a non-zero exit with no FAIL line is one failure
+count() {  # count PASS/FAIL/SKIP lines of a log; a non-zero exit with no FAIL line is one failure,
+           # and so is a binary that reports no check at all (it checked nothing)
     local log=$1 rc=$2 p f s
     p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); s=$(grep -c '^SKIP ' "$log")
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL  $3 exited with status $rc"; fi
+    if [ $((p + f + s)) -eq 0 ]; then f=1; echo "FAIL  $3 reported no check (no PASS, FAIL or SKIP line)"; fi
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
 }
 
@@ -48,7 +51,7 @@ if [ -d python/tests ]; then
     p=$(grep -oE '[0-9]+ passed' <<<"$summary" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ (failed|errors?)' <<<"$summary" | awk '{n += $1} END {print n + 0}')
     s=$(grep -oE '[0-9]+ skipped' <<<"$summary" | grep -oE '[0-9]+')
     p=${p:-0}; f=${f:-0}; s=${s:-0}
-    if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL  pytest exited with status $rc"; fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL  pytest exited with status $rc (5: no test collected)"; fi
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
     rm -f "$log"
 fi

@@ -14,6 +14,10 @@ ARCH="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 
 LIBS="-lm -lpthread"
 pkg-config --exists libcjson 2>/dev/null && LIBS="$LIBS $(pkg-config --libs libcjson)"
 mkdir -p "$BUILD/obj" "$BUILD/tests"
+if [ "$KDT_CUDA" = 1 ]; then
+    CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
+    CFLAGS="$CFLAGS -I$CUDA_HOME/include"  # src/common/cublas_lazy.c
+fi
 
 objs=()
 compile_c() { local o="$BUILD/obj/${1//\//_}.o"; echo "cc   $1"; $CC $CFLAGS -c "$1" -o "$o"; objs+=("$o"); }
@@ -26,7 +30,7 @@ if [ "$KDT_CUDA" = 1 ]; then
         arch=$ARCH; case $f in src/cuda/sm90/*) arch="-gencode arch=compute_90a,code=sm_90a";; esac
         o="$BUILD/obj/${f//\//_}.o"; echo "nvcc $f"; $NVCC $NVFLAGS $arch -c "$f" -o "$o"; objs+=("$o")
     done
-    LIBS="$LIBS -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++"
+    LIBS="$LIBS -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lstdc++"
 fi
 rm -f "$BUILD/libkdt.a"; ar rcs "$BUILD/libkdt.a" "${objs[@]}"
 $CC -shared -o "$BUILD/libkdt.so" "${objs[@]}" $LIBS

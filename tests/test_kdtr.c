@@ -1,4 +1,4 @@
-/* KDTR container (SPEC section 1): writer -> reader round trips of every dtype, shape and name
+/* KDTR container (docs/interfaces.md section 1): writer -> reader round trips of every dtype, shape and name
  * kind, typed lookups and their messages, the writer's refusals, the file python/gen_kdtr.py
  * writes, and one handcrafted corrupt file per rule, each with the exact status it must get.
  *

@@ -1,4 +1,4 @@
-/* kv_commit (docs/ops.md) against the numpy bundles of python/gen_kv_commit.py, every output
+/* kv_commit (docs/interfaces.md 2.5) against the numpy bundles of python/gen_kv_commit.py, every output
  * exact (the whole cache after the moves), on cpu and (where a device is present) cuda; then
  * the errors the op must report. */
 #include <stdio.h>

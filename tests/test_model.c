@@ -534,7 +534,7 @@ static void check_corrupt(const char *good, const char *sharded) {
     rm_dir(tmp);
 }
 
-/* Kimi K2's config.json fields resolve to SPEC 2.2's softmax scale. */
+/* Kimi K2's config.json fields resolve to docs/interfaces.md 2.2's softmax scale. */
 static void check_kimi_config(void) {
     const char *kimi =
         "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"kimi_k2\", \"vocab_size\": 163840,"
@@ -551,7 +551,7 @@ static void check_kimi_config(void) {
     kdt_status s = kdt_model_config_parse(kimi, strlen(kimi), "kimi config", &c);
     kt_check(s == KDT_OK && fabs(c.softmax_scale - 0.130861) < 1e-5 && c.rope_attention_factor == 1.0 && c.rope_yarn &&
              c.kv_lora_rank + c.qk_rope_head_dim == 576,
-             "Kimi K2 config: sm_scale %.5f (SPEC: 0.13086), Dqk %d %s", c.softmax_scale, c.kv_lora_rank + c.qk_rope_head_dim,
+             "Kimi K2 config: sm_scale %.5f (docs/interfaces.md: 0.13086), Dqk %d %s", c.softmax_scale, c.kv_lora_rank + c.qk_rope_head_dim,
              s == KDT_OK ? "" : kdt_last_error());
 }
 

@@ -1,4 +1,4 @@
-/* tree_accept (SPEC 2.3) against the numpy bundles of python/gen_tree_accept.py, every output
+/* tree_accept (docs/interfaces.md 2.3) against the numpy bundles of python/gen_tree_accept.py, every output
  * exact, on cpu and (where a device is present) cuda, the bench's other CUDA variants too;
  * then the errors the op must report. */
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* tree_build (SPEC 2.1) against the numpy bundles of python/gen_tree_build.py: every output
+/* tree_build (docs/interfaces.md 2.1) against the numpy bundles of python/gen_tree_build.py: every output
  * exact, on cpu and (where a device is present) cuda; the bad bundles must fail with the stated
  * status and a message naming the problem. Then, on fresh random inputs ($KDT_SEED, else the
  * clock): cuda against cpu byte for byte on sorted rows full of ties, -0.0, +inf heads and
@@ -250,7 +250,7 @@ typedef struct outputs_host {
     uint8_t *mask;
 } outputs_host;
 
-/* Where request b's outputs break SPEC 2.1's structure, or NULL. Checks everything that holds
+/* Where request b's outputs break docs/interfaces.md 2.1's structure, or NULL. Checks everything that holds
  * whatever the scores' order: parents before children, depths, tokens, scores as exact sums
  * (finite), no candidate twice, positions, fills, children lists and the mask. */
 static const char *tree_fault(const inputs *x, const outputs_host *o, int b) {

@@ -1,4 +1,4 @@
-/* verify_attn (SPEC 2.2) against the numpy bundles of python/gen_verify_attn.py, on the CPU
+/* verify_attn (docs/interfaces.md 2.2) against the numpy bundles of python/gen_verify_attn.py, on the CPU
  * backend always and on CUDA where a device is present; then the C API's refusals, and the CUDA
  * kernel's own safety on unchecked device inputs (run this binary under compute-sanitizer). */
 #include <math.h>
@@ -9,7 +9,7 @@
 #include "common/device.h"
 #include "harness.h"
 
-/* Tolerances (issue 5): f32 inputs against the f64 reference, bf16 inputs against the f64
+/* Tolerances: f32 inputs against the f64 reference, bf16 inputs against the f64
  * reference of the same bf16-rounded inputs; lse in absolute terms. */
 #define F32_MAX_ABS_REL 1e-5
 #define F32_REL_L2 1e-5

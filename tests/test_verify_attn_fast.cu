@@ -1,4 +1,4 @@
-/* The Hopper verify_attn kernel (src/cuda/sm90, issue 6) against references on fresh random
+/* The Hopper verify_attn kernel (src/cuda/sm90) against references on fresh random
  * inputs: the CPU backend (double accumulation) on every row for moderate shapes, and an f64
  * reference in this file on sampled tree rows for long prefixes. Each case runs both kernels
  * (1 TMA loads, 2 cp.async loads; verify_attn_sm90.h) and the hook's choice;
@@ -11,7 +11,7 @@
  * --quick runs three small cases (for compute-sanitizer); --kernels picks the kernels to run,
  * in order (0: the hook). A fault that loses the CUDA context ends the run with a FAIL line
  * naming the kernel and case, since nothing after it could run. Without a device of compute
- * capability 9.x it prints one SKIP line. Tolerances (issue 5): o relative L2 <= 1e-2 against
+ * capability 9.x it prints one SKIP line. Tolerances: o relative L2 <= 1e-2 against
  * the f64 result of the same bf16 inputs, lse within 1e-3, NaN never passes. */
 #include <math.h>
 #include <stdio.h>

@@ -31,7 +31,7 @@ typedef enum kdt_status {
     KDT_ERR_UNSUPPORTED = 9,  /* valid input this build cannot run (unknown op, ...) */
     KDT_ERR_INTERNAL = 10,    /* a bug: guard bytes overwritten, impossible state */
 
-    /* KDTR container rules (SPEC section 1), one code per rule. */
+    /* KDTR container rules (docs/interfaces.md section 1), one code per rule. */
     KDT_ERR_KDTR_TRUNCATED = 100,     /* header or table runs past the end of the buffer */
     KDT_ERR_KDTR_MAGIC = 101,         /* magic is not "KDTR" */
     KDT_ERR_KDTR_VERSION = 102,       /* version is not 1 */
@@ -52,7 +52,7 @@ typedef enum kdt_status {
     KDT_ERR_KDTR_PADDING = 117,       /* a non-zero byte between two tensors */
 } kdt_status;
 
-/* dtype codes are the KDTR codes of SPEC section 1. */
+/* dtype codes are the KDTR codes of docs/interfaces.md section 1. */
 typedef enum kdt_dtype {
     KDT_F32 = 1,
     KDT_F64 = 2,

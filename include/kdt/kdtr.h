@@ -1,4 +1,4 @@
-/* KDTR container (SPEC section 1): a reader that validates every rule before handing out a
+/* KDTR container (docs/interfaces.md section 1): a reader that validates every rule before handing out a
  * tensor, and a writer that produces files every reader accepts. */
 #pragma once
 
@@ -51,7 +51,12 @@ KDT_API kdt_status kdt_kdtr_writer_add(kdt_kdtr_writer *w, const char *name, kdt
                                        int ndim, const uint64_t *dims, const void *data);
 KDT_API kdt_status kdt_kdtr_writer_add_alloc(kdt_kdtr_writer *w, const char *name, kdt_dtype dtype,
                                              int ndim, const uint64_t *dims, void **data);
-/* Writes to PATH.tmp then renames, so a failed write never leaves a half file at PATH. */
+/* Writes a temporary file with a unique name beside PATH, syncs it and renames it over PATH, so a
+ * failed write never leaves a half file at PATH and the temporary is removed on every failure.
+ * PATH must be a new path or a regular file with a write bit that the caller may write (root
+ * included); a symlink is followed and its target replaced under the same rules (the link stays).
+ * Devices, FIFOs, sockets, folders, read-only files and dangling links are refused untouched with
+ * KDT_ERR_IO. A replaced file keeps its mode; a new one gets 0666 less the umask. */
 KDT_API kdt_status kdt_kdtr_writer_save(const kdt_kdtr_writer *w, const char *path);
 /* Serializes into a malloc'd buffer the caller frees with free(). */
 KDT_API kdt_status kdt_kdtr_writer_to_memory(const kdt_kdtr_writer *w, void **buf, size_t *size);

@@ -1,5 +1,5 @@
 /* The target model: a DeepseekV3ForCausalLM (DeepSeek-V3, Kimi K2) loaded from a Hugging Face
- * folder (SPEC section 4) or built in, a paged latent KV cache, and one forward that serves
+ * folder (docs/interfaces.md section 4) or built in, a paged latent KV cache, and one forward that serves
  * prefill, decode and tree verification alike.
  *
  * A forward takes a batch of requests, each with its own new rows (token ids), their rope

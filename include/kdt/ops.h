@@ -1,5 +1,5 @@
-/* kdtree-engine ops (SPEC section 2). Each op has a params struct of dims and pointers, one
- * entry point that validates the params and runs on the chosen backend, and the SPEC's
+/* kdtree-engine ops (docs/interfaces.md section 2). Each op has a params struct of dims and pointers, one
+ * entry point that validates the params and runs on the chosen backend, and the interface's
  * tensor names in the shape comments.
  *
  * Backend KDT_BACKEND_CPU: every pointer is host memory, the call is synchronous.
@@ -18,7 +18,7 @@ extern "C" {
 #define KDT_TREE_MAX_DEPTH 64
 #define KDT_TREE_MAX_TOPK 64
 
-/* ---- tree_build (SPEC 2.1): best-first draft tree. Q = budget + 1. ---- */
+/* ---- tree_build (docs/interfaces.md 2.1): best-first draft tree. Q = budget + 1. ---- */
 typedef struct kdt_tree_build_params {
     int32_t B, D, K;            /* requests, draft depth (1..64), candidates per depth (1..64) */
     int32_t budget;             /* N, 1 .. 1024 */
@@ -40,7 +40,7 @@ typedef struct kdt_tree_build_params {
 
 KDT_API kdt_status kdt_tree_build(const kdt_tree_build_params *p, kdt_backend backend, void *stream);
 
-/* ---- verify_attn (SPEC 2.2): tree-verify attention, absorbed MLA. Dqk = Dv + Dr. ---- */
+/* ---- verify_attn (docs/interfaces.md 2.2): tree-verify attention, absorbed MLA. Dqk = Dv + Dr. ---- */
 typedef struct kdt_verify_attn_params {
     int32_t B, Q, H;            /* requests, tree rows, query heads */
     int32_t Dv, Dr;             /* latent (value) dims, rope dims */
@@ -63,7 +63,7 @@ typedef struct kdt_verify_attn_params {
 
 KDT_API kdt_status kdt_verify_attn(const kdt_verify_attn_params *p, kdt_backend backend, void *stream);
 
-/* ---- tree_accept (SPEC 2.3): greedy acceptance. ---- */
+/* ---- tree_accept (docs/interfaces.md 2.3): greedy acceptance. ---- */
 typedef struct kdt_tree_accept_params {
     int32_t B, Q;
     const int32_t *node_token;  /* [B, Q] */
@@ -78,7 +78,7 @@ typedef struct kdt_tree_accept_params {
 
 KDT_API kdt_status kdt_tree_accept(const kdt_tree_accept_params *p, kdt_backend backend, void *stream);
 
-/* ---- kv_commit (docs/ops.md): move the accepted path's KV rows right after the prefix. ---- */
+/* ---- kv_commit (docs/interfaces.md 2.5): move the accepted path's KV rows right after the prefix. ---- */
 typedef struct kdt_kv_commit_params {
     int32_t B, Q;               /* requests, tree rows the cache holds after the prefix */
     int32_t NB, BS, Dqk;        /* cache blocks, rows per block, row width */
@@ -96,7 +96,7 @@ typedef struct kdt_kv_commit_params {
 KDT_API kdt_status kdt_kv_commit(const kdt_kv_commit_params *p, kdt_backend backend, void *stream);
 
 /* ---- Ops on named tensors: what `kdt run` and the test runner call. ----
- * run reads the op's input tensors from `in` (SPEC names; extra tensors ignored), checks
+ * run reads the op's input tensors from `in` (the names of docs/interfaces.md; extra tensors ignored), checks
  * dtype, shape and values, runs on the backend (staging through device memory for CUDA) and
  * adds the output tensors to `out`. */
 typedef struct kdt_op_desc {

@@ -1,7 +1,7 @@
-/* Speculative decoding (issue 9): the loop and its drafters.
+/* Speculative decoding: the loop and its drafters.
  *
  * Each step, for every unfinished request of a batch: a drafter proposes D positions of K
- * candidates (scores / tokens [B, D, K], SPEC 2.1's inputs), kdt_tree_build keeps the N best
+ * candidates (scores / tokens [B, D, K], docs/interfaces.md 2.1's inputs), kdt_tree_build keeps the N best
  * nodes, the target model runs once over the tree rows (root + nodes, tree_build's positions
  * and mask), the greedy argmax of each row's logits is the target's prediction, kdt_tree_accept
  * keeps the longest confirmed path plus the bonus token and kdt_cache_commit compacts the cache.
@@ -106,6 +106,10 @@ typedef struct kdt_spec_params {
     int32_t pad_tree;             /* 0: each request verifies num_nodes + 1 rows; 1: always N + 1 rows
                                      (fill rows see only themselves; static shapes) */
     int32_t sync_timing;          /* CUDA: synchronize after each phase so that the split is exact */
+    /* Optional (NULL: none): called on the host for each token a request emits, in order, as
+     * soon as the step that decided it ends; request is the index into reqs. For streaming. */
+    void (*on_token)(void *user, int32_t request, int32_t token);
+    void *user;                   /* on_token's first argument */
 } kdt_spec_params;
 
 /* Times in seconds, host clock (after a synchronize on CUDA when sync_timing). */

@@ -12,7 +12,7 @@ KDT_OK = 0
 KDT_ERR_INVALID_ARG = 1
 KDT_ERR_UNSUPPORTED = 9
 
-# kdt_dtype codes (the KDTR codes of SPEC section 1) and backends.
+# kdt_dtype codes (the KDTR codes of docs/interfaces.md section 1) and backends.
 F32, BF16, U8, I32 = 1, 4, 6, 8
 DTYPE_NAMES = {F32: "float32", BF16: "bfloat16", U8: "uint8", I32: "int32"}
 CPU, CUDA = 0, 1

@@ -1,5 +1,5 @@
-"""The four ops (SPEC section 2; kv_commit in docs/ops.md): inputs in the SPEC's order and names,
-outputs returned under the SPEC's names in a Result.
+"""The four ops (docs/interfaces.md section 2): inputs in the interface's order and names,
+outputs returned under the interface's names in a Result.
 
 numpy arrays (or CPU torch tensors) run on the CPU backend and return numpy arrays (torch
 tensors); torch tensors on a CUDA device run on the CUDA backend, queued on that device's
@@ -12,7 +12,7 @@ MAX_BUDGET = 1024
 
 
 class Result(dict):
-    """The outputs by SPEC name: `r.accept_len` and `r["accept_len"]` are the same tensor."""
+    """The outputs by name (docs/interfaces.md): `r.accept_len` and `r["accept_len"]` are the same tensor."""
 
     def __getattr__(self, name):
         try:
@@ -44,7 +44,7 @@ TREE_BUILD_OUTPUTS = [("num_nodes", I32, ["B"]), ("node_token", I32, ["B", "Q"])
 
 
 def tree_build(scores, tokens, root_token, seq_len, budget, *, out=None):
-    """Best-first draft tree (SPEC 2.1).
+    """Best-first draft tree (docs/interfaces.md 2.1).
 
     scores f32 [B, D, K], tokens i32 [B, D, K], root_token i32 [B], seq_len i32 [B], budget int N
     (1 .. 1024). Returns num_nodes [B], node_token / node_parent / node_depth / node_cand /
@@ -68,7 +68,7 @@ def tree_build(scores, tokens, root_token, seq_len, budget, *, out=None):
 
 
 def verify_attn(q, kv, kv_len, tree_mask, sm_scale, dv=512, *, block_table=None, out=None):
-    """Tree-verify attention, absorbed MLA (SPEC 2.2).
+    """Tree-verify attention, absorbed MLA (docs/interfaces.md 2.2).
 
     q [B, Q, H, Dqk] f32 or bf16; kv the keys, in the dtype of q, in one of two layouts:
       contiguous: kv [B, L, Dqk] and block_table None;
@@ -116,7 +116,7 @@ TREE_ACCEPT_OUTPUTS = [("accept_len", I32, ["B"]), ("accept_index", I32, ["B", "
 
 
 def tree_accept(node_token, node_parent, num_nodes, target_pred, *, out=None):
-    """Greedy acceptance (SPEC 2.3).
+    """Greedy acceptance (docs/interfaces.md 2.3).
 
     node_token, node_parent i32 [B, Q], num_nodes i32 [B], target_pred i32 [B, Q] (the target's
     greedy next token after each node). Returns accept_len i32 [B], accept_index and
@@ -140,14 +140,14 @@ KV_COMMIT_OUTPUTS = [("new_kv_len", I32, ["B"]), ("status", I32, ["B"])]
 
 
 def kv_commit(kv_cache, block_table, kv_len, accept_index, accept_len, *, out=None):
-    """Moves each request's accepted tree rows right after its prefix (docs/ops.md), in place.
+    """Moves each request's accepted tree rows right after its prefix (docs/interfaces.md 2.5), in place.
 
     kv_cache [NB, BS, Dqk] f32 or bf16 (modified in place, so it must be writable),
     block_table i32 [B, MB], kv_len i32 [B] (prefix + Q), accept_index i32 [B, Q] and
     accept_len i32 [B] as tree_accept writes them. Returns kv_cache (the same object),
     new_kv_len i32 [B] and status i32 [B] (non-zero: malformed request, left unmoved).
     The rule, the status codes and the caller's duties (no block shared by two requests'
-    moves, no concurrent work on the cache) are in docs/ops.md."""
+    moves, no concurrent work on the cache) are in docs/interfaces.md 2.5."""
     op = "kv_commit"
     out = check_outs(op, out, [name for name, _, _ in KV_COMMIT_OUTPUTS])
     c = Call(op, {"kv_cache": kv_cache, "block_table": block_table, "kv_len": kv_len,

@@ -77,18 +77,8 @@ def load(path):
     return inputs, expected, refusal
 
 
-def skip_unimplemented(fn):
-    """Runs fn; a placeholder op ("not implemented") skips the test instead of failing it."""
-    try:
-        return fn()
-    except kdt.KdtError as e:
-        if e.status == _lib.KDT_ERR_UNSUPPORTED and "not implemented" in e.message:
-            pytest.skip(f"C implementation missing: {e.message}")
-        raise
-
-
 def call_op(op, t, out=None):
-    """Calls the binding with a bundle's tensors (numpy or torch), SPEC argument order. Scalars
+    """Calls the binding with a bundle's tensors (numpy or torch), the argument order of docs/interfaces.md. Scalars
     go in as the bundle's 0-d arrays, so a float budget is refused as it would be from Python."""
     if op == "tree_build":
         return kdt.tree_build(t["scores"], t["tokens"], t["root_token"], t["seq_len"], t["budget"], out=out)
@@ -189,7 +179,7 @@ def test_op_numpy(op, path):
     t = dict(inputs)
     if op == "kv_commit":
         t["kv_cache"] = inputs["kv_cache"].copy()  # in place
-    r = skip_unimplemented(lambda: call_op(op, t))
+    r = call_op(op, t)
     check(op, r, expected, is_bf16)
     if op == "kv_commit":
         assert r.kv_cache is t["kv_cache"], "kv_commit must return the cache it updated in place"
@@ -242,7 +232,7 @@ def test_op_torch_cuda(op, path):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())  # the inputs' copies were queued on the default stream
     with torch.cuda.stream(side):  # the binding must queue on the current stream, whichever it is
-        r = skip_unimplemented(lambda: call_op(op, t))
+        r = call_op(op, t)
     side.synchronize()
     for name, v in r.items():
         assert isinstance(v, torch.Tensor) and v.is_cuda, f"{op}.{name} is not a CUDA tensor"
@@ -292,7 +282,7 @@ def test_torch_cpu_tensors_run_on_cpu():
 # ---- round trips through each op's struct, against numpy written here ----
 
 def attn_reference(q, kv, kv_len, mask, scale, dv):
-    """SPEC 2.2 in float64 on the contiguous layout."""
+    """docs/interfaces.md 2.2 in float64 on the contiguous layout."""
     B, Q, H, _ = q.shape
     o, lse = np.zeros((B, Q, H, dv)), np.zeros((B, Q, H))
     for b in range(B):
@@ -322,7 +312,7 @@ def test_verify_attn_layouts_against_numpy():
             mask[b, i] = mask[b, p]
             mask[b, i, i] = 1
     o_ref, lse_ref = attn_reference(q, kv, kv_len, mask, 0.3, dv)
-    r = skip_unimplemented(lambda: kdt.verify_attn(q, kv, kv_len, mask, 0.3, dv))
+    r = kdt.verify_attn(q, kv, kv_len, mask, 0.3, dv)
     np.testing.assert_allclose(r.o, o_ref, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(r.lse, lse_ref, rtol=1e-5, atol=1e-5)
     # the same keys in shuffled blocks of a paged cache
@@ -354,7 +344,7 @@ def test_kv_commit_against_numpy():
         row = lambda j: (table[b, j // BS], j % BS)  # noqa: E731
         for t in range(1, acc_len[b] + 1):
             want[row(prefix[b] + t)] = want[row(prefix[b] + acc_idx[b, t])]
-    r = skip_unimplemented(lambda: kdt.kv_commit(cache, table, kv_len, acc_idx, acc_len))
+    r = kdt.kv_commit(cache, table, kv_len, acc_idx, acc_len)
     assert r.kv_cache is cache
     np.testing.assert_array_equal(cache, want)
     np.testing.assert_array_equal(r.new_kv_len, prefix + 1 + acc_len)
@@ -382,7 +372,7 @@ def accept_inputs(B, Q, seed=0):
 
 
 def test_accept_against_python_walk():
-    """tree_accept through the binding against a walk written here (SPEC 2.3)."""
+    """tree_accept through the binding against a walk written here (docs/interfaces.md 2.3)."""
     tok, par, num, pred = accept_inputs(32, 17, seed=np.random.SeedSequence().entropy % 2**32)
     r = kdt.tree_accept(tok, par, num, pred)
     for b in range(32):

@@ -1,4 +1,4 @@
-"""`kdt generate` ($KDT_BIN, SPEC section 3) end to end: the transformers fixtures' greedy
+"""`kdt generate` ($KDT_BIN, docs/interfaces.md section 3) end to end: the transformers fixtures' greedy
 continuations (tests/fixtures/model/*/expected.kdtr, python/make_fixtures.py), the built-in
 model's output format and determinism, and the refusals: a bad checkpoint names the file or
 tensor, an unknown --spec is refused (tests/test_spec.c and test_spec_cli.py check speculation).

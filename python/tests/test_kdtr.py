@@ -1,4 +1,4 @@
-"""KDTR container (SPEC section 1) across languages: python/kdtr.py round trips, the C writer read
+"""KDTR container (docs/interfaces.md section 1) across languages: python/kdtr.py round trips, the C writer read
 by Python and the Python writer read by C (ctypes on $KDT_LIB), `kdt info` ($KDT_BIN) on good and
 corrupt files, and python/kdtr.py's own verdict on every corrupt file. The corrupt files are
 built here, independently of the C test's. C parts skip when the library or binary is absent.

@@ -1,4 +1,4 @@
-/* kdt generate (SPEC section 3): greedy decoding with the target model, plain or speculative
+/* kdt generate (docs/interfaces.md section 3): greedy decoding with the target model, plain or speculative
  * (kdt_spec_generate). Generated ids go to stdout, one line per prompt; progress and statistics
  * go to stderr. */
 #include <errno.h>
@@ -141,12 +141,50 @@ static kdt_status load_draft(const opts *o, kdt_model *target, kdt_model **draft
     return KDT_OK;
 }
 
+/* Streams ids to stdout as the loop emits them: a single request token by token; a batch line by
+ * line in prompt order, each line as soon as its request and every earlier one have finished. */
+typedef struct printer {
+    const kdt_spec_request *reqs;
+    int B, next;              /* next: the first request whose line is not printed yet */
+    int32_t eos, *count;      /* count: tokens seen per request */
+} printer;
+
+static void print_line(const kdt_spec_request *r) {
+    for (int32_t i = 0; i < r->n_out; i++) printf("%s%d", i ? " " : "", r->out[i]);
+    printf("\n");
+}
+
+static void on_token(void *user, int32_t b, int32_t tok) {
+    printer *pr = user;
+    const int32_t n = ++pr->count[b];
+    if (pr->B == 1) {
+        printf("%s%d", n > 1 ? " " : "", tok);
+        fflush(stdout);
+        return;
+    }
+    while (pr->next < pr->B && (pr->count[pr->next] == pr->reqs[pr->next].max_new ||
+                                (pr->count[pr->next] && pr->reqs[pr->next].out[pr->count[pr->next] - 1] == pr->eos)))
+        print_line(&pr->reqs[pr->next++]);
+    fflush(stdout);
+}
+
+/* "n tokens in t s (r tokens/s)", the rate left out where no time was measured. */
+static void fmt_rate(char *buf, size_t size, int64_t n, double t) {
+    int k = snprintf(buf, size, "%lld tokens in %.3f s", (long long)n, t);
+    if (n > 0 && t >= 1e-6 && k > 0 && (size_t)k < size) snprintf(buf + k, size - (size_t)k, " (%.1f tokens/s)", (double)n / t);
+}
+
 /* later: the tokens after each request's first (which the prefill gives). */
 static void print_stats(const opts *o, const kdt_spec_stats *st, int64_t prompt_tokens, int64_t later) {
     const double decode = st->t_draft + st->t_tree + st->t_verify + st->t_accept + st->t_commit;
-    fprintf(stderr, "kdt generate: prefill %lld tokens in %.3f s (%.1f tokens/s); decode %lld tokens in %.3f s (%.1f tokens/s)\n",
-            (long long)prompt_tokens, st->t_prefill, prompt_tokens / (st->t_prefill > 0 ? st->t_prefill : 1e-9), (long long)later,
-            decode, (double)later / (decode > 0 ? decode : 1e-9));
+    if (o->max_new == 0) {
+        fprintf(stderr, "kdt generate: --max-new 0: nothing generated\n");
+        return;
+    }
+    char pre[96], dec[96];
+    fmt_rate(pre, sizeof pre, prompt_tokens, st->t_prefill);
+    fmt_rate(dec, sizeof dec, later, decode);
+    fprintf(stderr, "kdt generate: prefill %s; decode %s\n", pre, dec);
     if (strcmp(o->spec, "none") == 0 || st->steps == 0) return;
     const double ms = 1e3 / (double)st->steps;
     fprintf(stderr, "kdt generate: spec %s D=%ld K=%ld N=%ld: %lld steps, mean accepted length %.2f, %.2f tokens per request "
@@ -187,6 +225,15 @@ int kdt_cmd_generate(int argc, char **argv) {
     fprintf(stderr, "kdt generate: %s: %d layers, hidden %d, %d heads, %d experts, vocab %d, %s backend, loaded in %.2f s\n",
             o.model_dir ? o.model_dir : "built-in model", cf->num_hidden_layers, cf->hidden_size, cf->num_attention_heads,
             cf->n_routed_experts, cf->vocab_size, kdt_backend_name(o.backend), now_s() - t0);
+    if (o.eos >= cf->vocab_size) {
+        fprintf(stderr, "kdt generate: --eos %ld is outside the model's vocabulary (0 .. %d)\n", o.eos, cf->vocab_size - 1);
+        rc = 2;
+        goto done;
+    }
+    for (int b = 0; b < B; b++)
+        if ((int64_t)req[b].prompt_len + o.max_new > cf->max_position_embeddings)
+            fprintf(stderr, "kdt generate: warning: request %d reaches %lld tokens (prompt + --max-new), past the model's "
+                            "max_position_embeddings %d\n", b, (long long)req[b].prompt_len + o.max_new, cf->max_position_embeddings);
     if (strcmp(o.spec, "lookup") == 0) s = kdt_drafter_lookup(&dr);
     else if (strcmp(o.spec, "model") == 0) {
         if ((s = load_draft(&o, m, &draft)) != KDT_OK) { rc = fail("draft model", s); goto done; }
@@ -196,17 +243,20 @@ int kdt_cmd_generate(int argc, char **argv) {
         s = kdt_drafter_model(draft, &dr);
     }
     if (s != KDT_OK) { rc = fail("drafter", s); goto done; }
+    printer pr = {.reqs = req, .B = B, .eos = (int32_t)o.eos, .count = calloc((size_t)B, sizeof(int32_t))};
+    if (!pr.count) { fprintf(stderr, "kdt generate: out of memory\n"); rc = 1; goto done; }
     const kdt_spec_params p = {.depth = (int32_t)o.depth, .topk = (int32_t)o.topk, .budget = (int32_t)o.budget,
-                               .eos = (int32_t)o.eos, .pad_tree = o.backend == KDT_BACKEND_CUDA, .sync_timing = 1};
+                               .eos = (int32_t)o.eos, .pad_tree = o.backend == KDT_BACKEND_CUDA, .sync_timing = 1,
+                               .on_token = on_token, .user = &pr};
     kdt_spec_stats st;
-    if ((s = kdt_spec_generate(m, dr, &p, B, req, &st, NULL)) != KDT_OK) { rc = fail("generate", s); goto done; }
-    int64_t later = 0;
-    for (int b = 0; b < B; b++) {
-        for (int32_t i = 0; i < req[b].n_out; i++) printf("%s%d", i ? " " : "", req[b].out[i]);
-        printf("\n");
-        later += req[b].n_out > 1 ? req[b].n_out - 1 : 0;
-    }
+    s = kdt_spec_generate(m, dr, &p, B, req, &st, NULL);
+    if (B == 1 && (s == KDT_OK || pr.count[0])) printf("\n");
+    for (; s == KDT_OK && B > 1 && pr.next < B; pr.next++) print_line(&req[pr.next]); /* max_new 0 emits nothing */
     fflush(stdout);
+    free(pr.count);
+    if (s != KDT_OK) { rc = fail("generate", s); goto done; }
+    int64_t later = 0;
+    for (int b = 0; b < B; b++) later += req[b].n_out > 1 ? req[b].n_out - 1 : 0;
     print_stats(&o, &st, prompt_tokens, later);
 done:
     kdt_drafter_free(dr);

@@ -1,4 +1,4 @@
-/* kdt: the command-line front end (SPEC section 3). */
+/* kdt: the command-line front end (docs/interfaces.md section 3). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,16 +26,35 @@ static void usage(FILE *f) {
             "\n"
             "ops:\n");
     for (size_t i = 0; kdt_op_at(i); i++) fprintf(f, "  %-12s %s\n", kdt_op_at(i)->name, kdt_op_at(i)->summary);
+    fprintf(f, "\nEach op's tensors and rules, the KDTR format and this command line: docs/interfaces.md\n");
 }
 
+/* "kdt: WHAT: message"; WHAT is left out where the message already starts with it (the op
+ * validators name their op). */
 static int fail(const char *what, kdt_status s) {
-    fprintf(stderr, "kdt: %s: %s (%s)\n", what, kdt_last_error(), kdt_status_name(s));
+    const char *msg = kdt_last_error();
+    const size_t n = strlen(what);
+    if (strncmp(msg, what, n) == 0 && msg[n] == ':') fprintf(stderr, "kdt: %s (%s)\n", msg, kdt_status_name(s));
+    else fprintf(stderr, "kdt: %s: %s (%s)\n", what, msg, kdt_status_name(s));
     return 1;
 }
 
+static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
+
+#define INFO_USAGE "usage: kdt info FILE.kdtr\n  Lists the file's tensors: name, dtype, shape.\n"
+#define RUN_USAGE                                                                                   \
+    "usage: kdt run OP IN.kdtr -o OUT.kdtr [--backend cpu|cuda]\n"                                  \
+    "  Runs OP on IN's tensors and writes its outputs to OUT (kdt --help lists the ops). OUT must\n" \
+    "  be a new path or a writable regular file (a symlink's target is replaced); it is written\n"  \
+    "  whole or not at all. --backend: cuda where a CUDA device is present, else cpu.\n"
+
 static int cmd_info(int argc, char **argv) {
+    if (argc >= 1 && is_help(argv[0])) {
+        printf(INFO_USAGE);
+        return 0;
+    }
     if (argc != 1) {
-        fprintf(stderr, "kdt: info takes one file: kdt info FILE.kdtr\n");
+        fprintf(stderr, "kdt: info takes one file\n" INFO_USAGE);
         return 2;
     }
     kdt_kdtr *r = NULL;
@@ -68,8 +87,13 @@ static int parse_backend(const char *s, kdt_backend *out) {
 
 static int cmd_run(int argc, char **argv) {
     const char *op = NULL, *in_path = NULL, *out_path = NULL;
-    kdt_backend backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU;
+    kdt_backend backend = KDT_BACKEND_CPU;
+    int backend_given = 0;
     for (int i = 0; i < argc; i++) {
+        if (is_help(argv[i])) {
+            printf(RUN_USAGE);
+            return 0;
+        }
         if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) {
             if (++i == argc) { fprintf(stderr, "kdt: %s needs a file\n", argv[i - 1]); return 2; }
             out_path = argv[i];
@@ -78,6 +102,7 @@ static int cmd_run(int argc, char **argv) {
                 fprintf(stderr, "kdt: --backend takes cpu or cuda\n");
                 return 2;
             }
+            backend_given = 1;
         } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
             fprintf(stderr, "kdt: unknown option '%s' (see kdt --help)\n", argv[i]);
             return 2;
@@ -86,7 +111,7 @@ static int cmd_run(int argc, char **argv) {
         else { fprintf(stderr, "kdt: unexpected argument '%s'\n", argv[i]); return 2; }
     }
     if (!op || !in_path || !out_path) {
-        fprintf(stderr, "kdt: usage: kdt run OP IN.kdtr -o OUT.kdtr [--backend cpu|cuda]\n");
+        fprintf(stderr, "kdt: run needs OP, IN and -o OUT\n" RUN_USAGE);
         return 2;
     }
     if (!kdt_op_find(op)) {
@@ -95,6 +120,7 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, ")\n");
         return 2;
     }
+    if (!backend_given && kdt_cuda_available()) backend = KDT_BACKEND_CUDA; /* asked only now: it starts CUDA */
     if (backend == KDT_BACKEND_CUDA && !kdt_cuda_available()) {
         fprintf(stderr, "kdt: --backend cuda: no CUDA device is available to this build\n");
         return 1;

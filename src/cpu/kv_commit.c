@@ -1,4 +1,4 @@
-/* kv_commit CPU reference (docs/ops.md): each request's accepted path moves, in path order,
+/* kv_commit CPU reference (docs/interfaces.md 2.5): each request's accepted path moves, in path order,
  * to the slots right after its prefix. Path order makes overlapping moves safe: move t's
  * destination may be an earlier move's source (already copied), never a later one's. */
 #include <string.h>

@@ -1,4 +1,4 @@
-/* tree_accept CPU reference (SPEC 2.3). Safe on any input: the tree is checked before the walk,
+/* tree_accept CPU reference (docs/interfaces.md 2.3). Safe on any input: the tree is checked before the walk,
  * and the walk takes at most num_nodes steps. */
 #include "ops/backends.h"
 

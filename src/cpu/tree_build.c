@@ -1,5 +1,5 @@
-/* tree_build CPU reference (SPEC 2.1): best-first selection with a binary heap of candidates.
- * Selecting a node pushes all its children with a finite score; the heap pops the SPEC's best
+/* tree_build CPU reference (docs/interfaces.md 2.1): best-first selection with a binary heap of candidates.
+ * Selecting a node pushes all its children with a finite score; the heap pops the interface's best
  * (score desc, then depth, parent, k asc). It does not rely on sorted rows, so it is safe and
  * still follows the rule literally on any input. */
 #include <math.h>
@@ -14,7 +14,7 @@ typedef struct cand {
     int32_t depth, parent, k;
 } cand;
 
-/* 1 when a comes before b in the SPEC's order. Scores are finite; -0.0 == 0.0 is a tie. */
+/* 1 when a comes before b in the interface's order. Scores are finite; -0.0 == 0.0 is a tie. */
 static int before(const cand *a, const cand *b) {
     if (a->score != b->score) return a->score > b->score;
     if (a->depth != b->depth) return a->depth < b->depth;

@@ -1,4 +1,4 @@
-/* verify_attn CPU reference (SPEC 2.2). Scores, softmax and output accumulate in double; bf16
+/* verify_attn CPU reference (docs/interfaces.md 2.2). Scores, softmax and output accumulate in double; bf16
  * inputs are widened exactly and a bf16 output is rounded to nearest even once, at the end.
  *
  * For each (request, tree row) the visible keys are streamed once and each is used by every

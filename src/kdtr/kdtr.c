@@ -1,4 +1,4 @@
-/* KDTR reader (SPEC section 1): checks every rule of the file before handing out a tensor,
+/* KDTR reader (docs/interfaces.md section 1): checks every rule of the file before handing out a tensor,
  * reading through a cursor that knows the bytes left, with overflow-checked sizes. */
 #include <errno.h>
 #include <fcntl.h>

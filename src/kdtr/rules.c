@@ -1,4 +1,4 @@
-/* SPEC section 1 rules shared by the reader and writer, and the name index. */
+/* docs/interfaces.md section 1 rules shared by the reader and writer, and the name index. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* SPEC section 1 rules shared by the KDTR reader and writer: names, byte counts, the name index. */
+/* docs/interfaces.md section 1 rules shared by the KDTR reader and writer: names, byte counts, the name index. */
 #pragma once
 
 #include <stddef.h>

@@ -1,9 +1,13 @@
-/* KDTR writer (SPEC section 1): tensors in insertion order, each at a 64-aligned offset with
+/* KDTR writer (docs/interfaces.md section 1): tensors in insertion order, each at a 64-aligned offset with
  * zero padding, so that every reader accepts the result. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/internal.h"
@@ -204,29 +208,108 @@ static int emit_mem(void *ctx, const void *p, size_t n) {
     return 1;
 }
 
+/* Where save may write: a new path, or a regular file the caller may write (the mode's write bits
+ * are honoured even for root, so a read-only output stays read-only). A symlink is followed to its
+ * target, which must itself qualify; the link stays a link. Anything else (a device, a FIFO, a
+ * socket, a folder, a dangling link) is refused untouched. *target is the path to replace (malloc'd),
+ * *mode the mode the new file gets. */
+static kdt_status save_target(const char *path, char **target, mode_t *mode, int *exists) {
+    struct stat st;
+    *target = NULL;
+    *exists = 0;
+    if (lstat(path, &st) != 0) {
+        if (errno != ENOENT) return kdt_fail(KDT_ERR_IO, "kdtr writer: cannot write '%s': %s", path, strerror(errno));
+        *target = strdup(path);
+        *mode = 0666; /* open() applies the umask, as for any new file */
+        return *target ? KDT_OK : kdt_fail(KDT_ERR_NOMEM, "kdtr writer: out of memory");
+    }
+    if (S_ISLNK(st.st_mode)) {
+        char *real = realpath(path, NULL);
+        if (!real || stat(real, &st) != 0) {
+            free(real);
+            return kdt_fail(KDT_ERR_IO, "kdtr writer: '%s' is a symlink to a missing file; refusing to write it", path);
+        }
+        *target = real;
+    }
+    const char *kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISCHR(st.st_mode) ? "a character device"
+                     : S_ISBLK(st.st_mode) ? "a block device" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket" : S_ISREG(st.st_mode) ? NULL : "not a regular file";
+    kdt_status s = KDT_OK;
+    if (kind) s = kdt_fail(KDT_ERR_IO, "kdtr writer: '%s' is %s, not a regular file; refusing to replace it", path, kind);
+    else if (!(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) || faccessat(AT_FDCWD, *target ? *target : path, W_OK, AT_EACCESS) != 0)
+        s = kdt_fail(KDT_ERR_IO, "kdtr writer: '%s' is read-only; refusing to replace it", path);
+    else if (!*target && !(*target = strdup(path)))
+        s = kdt_fail(KDT_ERR_NOMEM, "kdtr writer: out of memory");
+    if (s != KDT_OK) {
+        free(*target);
+        *target = NULL;
+        return s;
+    }
+    *mode = st.st_mode & 07777;
+    *exists = 1;
+    return KDT_OK;
+}
+
+/* A new file beside target with a name no one else uses (O_EXCL; retried on a clash), so a stale
+ * or concurrent temporary is never written through. */
+static int create_temp(const char *target, mode_t mode, char **tmp) {
+    static _Atomic unsigned counter;
+    size_t len = strlen(target) + 48;
+    if (!(*tmp = malloc(len))) return -1;
+    for (int tries = 0; tries < 100; tries++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        snprintf(*tmp, len, "%s.%ld.%u.%lx.tmp", target, (long)getpid(), counter++, (unsigned long)ts.tv_nsec);
+        int fd = open(*tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1;
+}
+
+/* The folder holding path, so that a rename is made durable by syncing it. */
+static void sync_parent(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    int fd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (fd >= 0) fsync(fd), close(fd);
+    free(dir);
+}
+
 kdt_status kdt_kdtr_writer_save(const kdt_kdtr_writer *w, const char *path) {
     if (!w || !path) return kdt_fail(KDT_ERR_INVALID_ARG, "kdtr writer: save: NULL writer or path");
-    size_t len = strlen(path);
-    char *tmp = malloc(len + 5);
-    if (!tmp) return kdt_fail(KDT_ERR_NOMEM, "kdtr writer: out of memory");
-    memcpy(tmp, path, len);
-    memcpy(tmp + len, ".tmp", 5);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        kdt_status st = kdt_fail(KDT_ERR_IO, "kdtr writer: cannot create '%s': %s", tmp, strerror(errno));
+    char *target = NULL, *tmp = NULL;
+    mode_t mode = 0;
+    int exists = 0;
+    kdt_status st = save_target(path, &target, &mode, &exists);
+    if (st != KDT_OK) return st;
+    int fd = create_temp(target, mode, &tmp);
+    if (fd < 0) {
+        st = kdt_fail(KDT_ERR_IO, "kdtr writer: cannot write '%s': cannot create a temporary file beside it: %s", path,
+                      strerror(errno));
         free(tmp);
+        free(target);
         return st;
     }
-    int ok = serialize(w, emit_file, f);
-    int err = errno;
-    if (fclose(f) != 0 && ok) ok = 0, err = errno;
-    if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
-    kdt_status st = KDT_OK;
-    if (!ok) {
+    /* An existing file keeps its mode exactly (open() applied the umask to it). */
+    int ok = !exists || fchmod(fd, mode) == 0, err = errno;
+    FILE *f = ok ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        ok = 0, err = errno;
+        close(fd);
+    } else {
+        ok = serialize(w, emit_file, f);
+        err = errno;
+        if (ok && (fflush(f) != 0 || fsync(fileno(f)) != 0)) ok = 0, err = errno;
+        if (fclose(f) != 0 && ok) ok = 0, err = errno;
+    }
+    if (ok && rename(tmp, target) != 0) ok = 0, err = errno;
+    if (ok) sync_parent(target);
+    else {
         unlink(tmp);
         st = kdt_fail(KDT_ERR_IO, "kdtr writer: cannot write '%s': %s", path, strerror(err));
     }
     free(tmp);
+    free(target);
     return st;
 }
 

@@ -284,12 +284,37 @@ static void mlp(const kdt_mlp_w *p, const float *x, int64_t R, int32_t hid, int 
     linear(w->ge, R, p->inter, p->down, hid, y);
 }
 
+/* How near the router's choice came to another one (tests only, kdt_model.probe_router_margin):
+ * the smallest gap, in biased score, between a kept expert and a dropped one of a kept group, and
+ * between a kept group's score and a dropped group's. */
+static float route_margin(const kdt_model_config *c, const float *choice, const uint8_t *gsel, const int32_t *idx) {
+    const int32_t E = c->n_routed_experts, G = c->n_group, per = E / G, K = c->num_experts_per_tok;
+    float kept_min = INFINITY, dropped_max = -INFINITY, gkept_min = INFINITY, gdropped_max = -INFINITY;
+    for (int32_t e = 0; e < E; e++) {
+        int kept = 0;
+        for (int32_t k = 0; k < K && !kept; k++) kept = idx[k] == e;
+        if (kept) kept_min = fminf(kept_min, choice[e]);
+        else if (gsel[e / per]) dropped_max = fmaxf(dropped_max, choice[e]);
+    }
+    for (int32_t g = 0; g < G; g++) {
+        float t1 = -INFINITY, t2 = -INFINITY;
+        for (int32_t e = g * per; e < (g + 1) * per; e++) {
+            if (choice[e] > t1) { t2 = t1; t1 = choice[e]; }
+            else if (choice[e] > t2) t2 = choice[e];
+        }
+        const float gs = per >= 2 ? t1 + t2 : t1;
+        if (gsel[g]) gkept_min = fminf(gkept_min, gs);
+        else gdropped_max = fmaxf(gdropped_max, gs);
+    }
+    return fminf(kept_min - dropped_max, gkept_min - gdropped_max); /* +inf where nothing was dropped */
+}
+
 /* Selection as transformers' DeepseekV3TopkRouter: sigmoid scores, plus the correction bias for
  * choosing only; groups ranked by the sum of their two best biased scores; the best topk_group
  * groups kept; the best num_experts_per_tok experts among them; weights are the unbiased scores,
  * normalized when norm_topk_prob, times routed_scaling_factor. Ties go to the lower index. */
 static void route(const kdt_model_config *c, const kdt_layer_w *L, const float *x, float *tmp, uint8_t *gsel, int32_t *idx,
-                  float *wt) {
+                  float *wt, float *margin) {
     const int32_t E = c->n_routed_experts, G = c->n_group, per = E / G, K = c->num_experts_per_tok;
     float *score = tmp, *choice = tmp + E;
     linear(x, 1, c->hidden_size, L->router, E, score);
@@ -330,6 +355,7 @@ static void route(const kdt_model_config *c, const kdt_layer_w *L, const float *
         if (c->norm_topk_prob) wt[k] /= sum + 1e-20f;
         wt[k] *= c->routed_scaling_factor;
     }
+    if (margin) *margin = fminf(*margin, route_margin(c, choice, gsel, idx));
 }
 
 /* MoE of layer l: the router reads w->h, the experts xin (w->h, or its bf16 rounding) [R, hidden];
@@ -339,7 +365,9 @@ static void moe(const kdt_model *m, const kdt_layer_w *L, int64_t R, const float
     const kdt_model_config *c = &m->cfg;
     const int32_t hid = c->hidden_size, I = c->moe_intermediate_size, K = c->num_experts_per_tok;
     const int bf = m->dtype == KDT_BF16;
-    for (int64_t r = 0; r < R; r++) route(c, L, w->h + r * hid, w->tmp, w->gsel, w->gate_i + r * K, w->gate_w + r * K);
+    for (int64_t r = 0; r < R; r++)
+        route(c, L, w->h + r * hid, w->tmp, w->gsel, w->gate_i + r * K, w->gate_w + r * K,
+              m->probe_router_margin ? m->probe_router_margin + r : NULL);
     for (int32_t e = 0; e < c->n_routed_experts; e++) {
         int64_t n = 0;
         for (int64_t r = 0; r < R; r++)

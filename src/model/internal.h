@@ -80,6 +80,10 @@ struct kdt_model {
     void **dallocs;                            /* every device buffer the model owns */
     size_t n_dallocs, cap_dallocs;
     struct kdt_cuda_ctx *ctx;                  /* made by the first CUDA forward */
+    /* Tests only (NULL otherwise): the CPU forward lowers probe_router_margin[r] to row r's
+     * smallest router margin over the MoE layers (route_margin in forward_cpu.c), which shows
+     * whether an expert choice that another backend made differently was a near-tie. */
+    float *probe_router_margin;                /* [rows of the next forward] */
 };
 
 struct kdt_cache {

@@ -178,6 +178,7 @@ static void push(loop *L, int32_t s, int32_t tok) {
     L->hist[s][L->hist_len[s]++] = tok;
     r->out[r->n_out++] = tok;
     if (r->n_out == r->max_new || tok == L->p.eos) L->done[s] = 1;
+    if (L->p.on_token) L->p.on_token(L->p.user, s, tok);
 }
 
 /* The unfinished requests, in slot order. */
