@@ -38,30 +38,31 @@ HOLDOUT_MOD = 50
 N_PROMPTS = 200
 SHARD_BYTES = 15 * 1000 * 1000
 
-# DeepSeek-V3's chat template as its tokenizer_config.json has it ('\\n' is Jinja's newline escape).
+# DeepSeek-V3's chat template (its tokenizer_config.json), with the spaces between tags removed (the copy
+# found had them and rendered them before the bos token); '\\n' is Jinja's newline escape.
 CHAT_TEMPLATE = (
     "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}"
     "{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='') %}"
-    "{%- for message in messages %}    {%- if message['role'] == 'system' %}        "
-    "{% set ns.system_prompt = message['content'] %}    {%- endif %}{%- endfor %}{{bos_token}}{{ns.system_prompt}}"
-    "{%- for message in messages %}    {%- if message['role'] == 'user' %}    {%- set ns.is_tool = false -%}"
-    "{{'<｜User｜>' + message['content']}}    {%- endif %}    "
-    "{%- if message['role'] == 'assistant' and message['content'] is none %}        {%- set ns.is_tool = false -%}"
-    "        {%- for tool in message['tool_calls']%}            {%- if not ns.is_first %}"
+    "{%- for message in messages %}{%- if message['role'] == 'system' %}"
+    "{% set ns.system_prompt = message['content'] %}{%- endif %}{%- endfor %}{{bos_token}}{{ns.system_prompt}}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.is_tool = false -%}"
+    "{{'<｜User｜>' + message['content']}}{%- endif %}"
+    "{%- if message['role'] == 'assistant' and message['content'] is none %}{%- set ns.is_tool = false -%}"
+    "{%- for tool in message['tool_calls']%}{%- if not ns.is_first %}"
     "{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + "
     "tool['function']['name'] + '\\n' + '```json' + '\\n' + tool['function']['arguments'] + '\\n' + '```' + "
-    "'<｜tool▁call▁end｜>'}}            {%- set ns.is_first = true -%}            {%- else %}"
+    "'<｜tool▁call▁end｜>'}}{%- set ns.is_first = true -%}{%- else %}"
     "{{'\\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + "
     "'```json' + '\\n' + tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}"
-    "{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}                   {%- endif %}        {%- endfor %}    "
-    "{%- endif %}    {%- if message['role'] == 'assistant' and message['content'] is not none %}        "
-    "{%- if ns.is_tool %}{{'<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}        "
-    "{%- set ns.is_tool = false -%}        {%- else %}{{'<｜Assistant｜>' + message['content'] + "
-    "'<｜end▁of▁sentence｜>'}}        {%- endif %}    {%- endif %}    {%- if message['role'] == 'tool' %}        "
-    "{%- set ns.is_tool = true -%}        {%- if ns.is_output_first %}"
-    "{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}        "
-    "{%- set ns.is_output_first = false %}        {%- else %}"
-    "{{'\\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}        {%- endif %}    "
+    "{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}{%- endif %}{%- endfor %}"
+    "{%- endif %}{%- if message['role'] == 'assistant' and message['content'] is not none %}"
+    "{%- if ns.is_tool %}{{'<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}"
+    "{%- set ns.is_tool = false -%}{%- else %}{{'<｜Assistant｜>' + message['content'] + "
+    "'<｜end▁of▁sentence｜>'}}{%- endif %}{%- endif %}{%- if message['role'] == 'tool' %}"
+    "{%- set ns.is_tool = true -%}{%- if ns.is_output_first %}"
+    "{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}"
+    "{%- set ns.is_output_first = false %}{%- else %}"
+    "{{'\\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}{%- endif %}"
     "{%- endif %}{%- endfor -%}{% if ns.is_tool %}{{'<｜tool▁outputs▁end｜>'}}{% endif %}"
     "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}"
 )
@@ -280,7 +281,7 @@ def hub_state(model):
     return {k: (v if k.endswith("e_score_correction_bias") else v.to(torch.bfloat16)) for k, v in out.items()}
 
 
-def save_hub(model, cfg, path):
+def save_hub(model, cfg, path, shard_bytes):
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -292,7 +293,7 @@ def save_hub(model, cfg, path):
     shards, cur, size = [], [], 0
     for k in names:
         b = state[k].numel() * state[k].element_size()
-        if cur and size + b > SHARD_BYTES:
+        if cur and size + b > shard_bytes:
             shards.append(cur)
             cur, size = [], 0
         cur.append(k)
@@ -441,7 +442,7 @@ def main():
     target, draft = build(tcfg, device, a.attn), build(dcfg, device, a.attn)
     pt, pd = n_params(target), n_params(draft)
     log(f"params: target {pt / 1e6:.2f} M, draft {pd / 1e6:.2f} M, together {2 * (pt + pd) / 1e6:.1f} MB in bf16")
-    balancer = Balancer(target, 1e-3)
+    balancer = Balancer(target, 3e-3)
     opt_t = torch.optim.AdamW(target.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=device.type == "cuda")
     opt_d = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=device.type == "cuda")
     gen = torch.Generator().manual_seed(a.seed)
@@ -508,8 +509,9 @@ def main():
     ppl_d, _ = perplexity(draft, held_ids, seq, bs, device, ev_seqs)
     log(f"held-out perplexity over {n_ev} tokens: target {ppl_t:.3f}, draft {ppl_d:.3f}")
 
-    save_hub(target, tcfg, tdir)
-    save_hub(draft, dcfg, ddir)
+    shard = 4e6 if tiny else SHARD_BYTES  # --tiny shards too, so that path is checked
+    save_hub(target, tcfg, tdir, shard)
+    save_hub(draft, dcfg, ddir, shard)
     # read back what was written: transformers must compute the same logits from the hub folder
     check = torch.tensor([prompt_ids[0] if prompt_ids else [0, 5, 6, 7]], device=device)
     diffs = {name: readback_diff(m, d, check, device) for name, m, d in (("target", target, tdir), ("draft", draft, ddir))}
@@ -524,7 +526,7 @@ def main():
             + samples[0]["prompt"] + "\n----- continuation -----\n" + samples[0]["continuation"] + "\n-----")
     ev = {"heldout_perplexity": {"target": ppl_t, "draft": ppl_d}, "heldout_tokens": n_ev,
           "params": {"target": pt, "draft": pd}, "steps": step, "train_tokens": tokens, "train_seconds": t_train,
-          "final_loss": {"target": float(loss_t), "draft_ce": float(ce_d)} if step else None,
+          "final_loss": {"target": loss_t.item(), "draft_ce": ce_d.item()} if step else None,
           "vocab": vocab, "seq": seq, "batch": bs, "lr": lr, "tiny": tiny, "readback_rel_diff": diffs,
           "samples": samples, "device": str(device)}
     with open(os.path.join(tdir, "eval.json"), "w") as f:
@@ -571,7 +573,7 @@ pre-tokenizer (GPT-2's split regex), special tokens `{BOS}` (bos, id 0), `{EOS}`
 AdamW (0.9, 0.95, weight decay 0.1), lr {ev['lr']} with warm-up and cosine decay to a tenth, sequences of
 {ev['seq']} tokens, batch {ev['batch']}, bf16 autocast; {ev['steps']} steps, {ev['train_tokens'] / 1e6:.1f} M tokens in
 {ev['train_seconds']:.0f} s. Experts kept balanced DeepSeek-V3's way (no auxiliary loss: each step the
-correction bias moves 1e-3 towards the under-loaded experts); the loads are in `train_log.txt`.
+correction bias moves 3e-3 towards the under-loaded experts); the loads are in `train_log.txt`.
 
 ## Evaluation (held-out files, {ev['heldout_tokens']} tokens)
 | model | perplexity |
