@@ -10,10 +10,10 @@ rope_scaling, bf16 safetensors, one tensor per expert, shards <= 15 MB), each wi
 tokenizer_config.json; OUT/kdt-small/ also gets train_log.txt, eval.json, README.md and the held-out
 prompts (heldout_prompts.jsonl: text; heldout_prompts.ids: bos + ids, one prompt per line).
 
-Data: every *.py file under the running python's site-packages, in sorted path order, deduplicated by
-content (sha1), capped at --max-bytes; a file whose sha1 % HOLDOUT_MOD == 0 is held out (evaluation
-and prompts only). The whole run, data preparation included, stops training at --budget-s so that it
-fits one GPU call. --tiny: a few MB, a small vocabulary and a few dozen steps on the CPU, for checking
+Data: the *.py files under the running python's site-packages, deduplicated by content (sha1); over
+--max-bytes, the files of smallest sha1 up to it (a deterministic sample of every package); a file
+whose sha1 % HOLDOUT_MOD == 0 is held out (evaluation and prompts only). The whole run, data preparation
+included, stops training at --budget-s so that it fits one GPU call. --tiny: a few MB, a small vocabulary and a few dozen steps on the CPU, for checking
 the pipeline and the engine's loader before a GPU run.
 """
 import argparse
@@ -90,14 +90,15 @@ def site_dirs():
 
 
 def collect_files(max_bytes, max_file_bytes=400_000):
-    """(sha1 int, path, text) of every distinct *.py file, in sorted path order, until max_bytes."""
+    """(sha1 int, path, text) of distinct *.py files, sorted by path; over max_bytes, a sample in sha1
+    order (deterministic, and spread over every package rather than the first ones by name)."""
     paths = []
     for root in site_dirs():
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()
             paths += [os.path.join(dirpath, f) for f in filenames if f.endswith(".py")]
     paths.sort()
-    seen, files, total = set(), [], 0
+    seen, files = set(), []
     for p in paths:
         try:
             raw = open(p, "rb").read()
@@ -110,14 +111,19 @@ def collect_files(max_bytes, max_file_bytes=400_000):
             continue
         seen.add(h)
         try:
-            text = raw.decode("utf-8")
+            files.append((int.from_bytes(h, "big"), p, raw.decode("utf-8")))
         except UnicodeDecodeError:
             continue
-        files.append((int.from_bytes(h, "big"), p, text))
-        total += len(raw)
-        if total >= max_bytes:
-            break
-    return files, len(paths)
+    available = sum(len(f[2]) for f in files)
+    if available > max_bytes:
+        kept, total = [], 0
+        for f in sorted(files, key=lambda f: f[0]):
+            kept.append(f)
+            total += len(f[2])
+            if total >= max_bytes:
+                break
+        files = sorted(kept, key=lambda f: f[1])
+    return files, len(paths), available
 
 
 def make_prompts(held, n, lo=64, hi=256):
@@ -202,13 +208,21 @@ def hub_config(vocab, tiny, draft):
 
 
 def build(cfg, device, attn):
+    """The model on device with attention `attn` (sdpa), or eager where a trial forward and backward with
+    it fails (q and v head dims differ in MLA: 192 and 128)."""
     config = DeepseekV3Config.from_dict(dict(cfg))
-    model = DeepseekV3ForCausalLM(config)
-    try:
-        model.config._attn_implementation = attn
-    except Exception:
-        pass
-    return model.to(device)
+    model = DeepseekV3ForCausalLM(config).to(device)
+    for impl in (attn, "eager"):
+        try:
+            model.config._attn_implementation = impl
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                model(input_ids=torch.zeros(2, 8, dtype=torch.long, device=device)).logits.float().sum().backward()
+            model.zero_grad(set_to_none=True)
+            log(f"attention ({cfg['num_hidden_layers']} layers): {impl}")
+            return model
+        except Exception as e:
+            log(f"attention {impl} failed: {type(e).__name__}: {e}")
+    raise SystemExit("no attention implementation works")
 
 
 def n_params(model):
@@ -388,6 +402,7 @@ def main():
     a = ap.parse_args()
     tiny = a.tiny
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True
     max_bytes = int(a.max_bytes or (3e6 if tiny else 120e6))
     seq = a.seq or (64 if tiny else 512)
     bs = a.batch or (8 if tiny else 64)
@@ -404,24 +419,19 @@ def main():
     log(f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), torch {torch.__version__},"
         f" tiny {tiny}, budget {a.budget_s} s")
 
-    files, n_paths = collect_files(max_bytes)
+    files, n_paths, available = collect_files(max_bytes)
     held = [f for f in files if f[0] % holdout == 0]
     train = [f for f in files if f[0] % holdout != 0]
     nb = lambda fs: sum(len(f[2].encode()) for f in fs)
-    log(f"data: {n_paths} .py files under {site_dirs()}; {len(files)} distinct kept ({nb(files) / 1e6:.1f} MB),"
+    log(f"data: {n_paths} .py files under {site_dirs()}, {available / 1e6:.0f} MB distinct; {len(files)} kept ({nb(files) / 1e6:.1f} MB),"
         f" {len(train)} train ({nb(train) / 1e6:.1f} MB), {len(held)} held out (sha1 % {holdout} == 0)")
     pkgs = sorted({os.path.relpath(p, d).split(os.sep)[0] for _, p, _ in files for d in site_dirs() if p.startswith(d)})
     prompts = make_prompts(held, N_PROMPTS)
     log(f"held-out prompts: {len(prompts)}")
 
-    tok_texts = [f[2] for f in train]
-    tok_cap, acc = [], 0
-    for t in tok_texts:  # the tokenizer learns from the first 40 MB of training text (time)
-        tok_cap.append(t)
-        acc += len(t)
-        if acc > 40e6:
-            break
-    tok = train_tokenizer(tok_cap, vocab)
+    # the tokenizer learns from about 25 MB (time): every k-th training file, so all packages have a say
+    stride = max(1, round(nb(train) / 25e6))
+    tok = train_tokenizer([f[2] for f in train[::stride]], vocab)
     vocab = tok.get_vocab_size()
     for d in (tdir, ddir):
         save_tokenizer(tok, d, 2048)
@@ -459,8 +469,10 @@ def main():
         now = time.time() - T0
         if now >= deadline:
             break
-        if step == 20 or (est_steps is None and tiny):
-            per = (time.time() - t_train) / max(1, step)
+        if step == 20:
+            t20 = time.time()
+        if step in (20, 200) or (est_steps is None and tiny):  # again at 200: past the first steps' warm-up
+            per = (time.time() - (t_train if step <= 20 else t20)) / max(1, step if step <= 20 else step - 20)
             est_steps = min(max_steps, step + int((deadline - now) / max(per, 1e-6))) if step else max_steps
             log(f"schedule: {est_steps} steps estimated ({per * 1e3:.0f} ms/step)")
         total = est_steps or 10**9
@@ -545,7 +557,8 @@ Its weights are trained from scratch here; no one else's weights are used.
 
 ## Data
 The Python sources (`*.py`) of the packages installed in the training machine's python
-(site-packages), in sorted path order, deduplicated by content (sha1): {len(files)} files, {mb(files):.1f} MB.
+(site-packages), deduplicated by content (sha1) and, over the size cap, sampled by sha1 (a deterministic
+sample spread over every package): {len(files)} files, {mb(files):.1f} MB.
 Files whose sha1 % {HOLDOUT_MOD if not ev['tiny'] else 10} == 0 are held out ({len(held)} files, {mb(held):.1f} MB):
 they give the perplexities below and the {len(prompts)} prompts of `heldout_prompts.jsonl` (the first
 64-256 characters of a function or class, whole lines; `heldout_prompts.ids`: the same, tokenized, bos first).
