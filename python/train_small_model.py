@@ -236,6 +236,7 @@ class Balancer:
 
     def __init__(self, model, rate):
         self.rate, self.gates, self.counts, self.total = rate, [], {}, {}
+        self.top_k = model.config.num_experts_per_tok
         for i, layer in enumerate(model.model.layers):
             gate = getattr(layer.mlp, "gate", None)
             if gate is None or not hasattr(gate, "e_score_correction_bias"):
@@ -250,7 +251,7 @@ class Balancer:
             with torch.no_grad():
                 x = inputs[0].reshape(-1, mod.weight.shape[1]).float()
                 s = torch.sigmoid(x @ mod.weight.float().t()) + mod.e_score_correction_bias
-                idx = s.topk(mod.top_k, dim=-1)[1]
+                idx = s.topk(self.top_k, dim=-1)[1]
                 c = torch.bincount(idx.flatten(), minlength=s.shape[1]).float()
                 self.counts[i] = self.counts.get(i, 0) + c
         return fn
@@ -403,7 +404,7 @@ def main():
     tiny = a.tiny
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
-    max_bytes = int(a.max_bytes or (3e6 if tiny else 120e6))
+    max_bytes = int(a.max_bytes or (3e6 if tiny else 160e6))
     seq = a.seq or (64 if tiny else 512)
     bs = a.batch or (8 if tiny else 64)
     lr = a.lr or (3e-3 if tiny else 2e-3)
@@ -534,9 +535,9 @@ def main():
     for p, ids in list(zip(prompts, prompt_ids))[:4]:
         out = greedy(target, ids, 32 if tiny else 128, device)
         samples.append({"prompt": p["text"], "continuation": tok.decode(out), "ids": out})
-    if samples:
-        log("greedy sample (target, transformers) from a held-out prompt:\n----- prompt -----\n"
-            + samples[0]["prompt"] + "\n----- continuation -----\n" + samples[0]["continuation"] + "\n-----")
+    for i, smp in enumerate(samples):
+        log(f"greedy sample {i} (target, transformers, f32) from a held-out prompt:\n----- prompt -----\n"
+            + smp["prompt"] + "\n----- continuation -----\n" + smp["continuation"] + "\n-----")
     ev = {"heldout_perplexity": {"target": ppl_t, "draft": ppl_d}, "heldout_tokens": n_ev,
           "params": {"target": pt, "draft": pd}, "steps": step, "train_tokens": tokens, "train_seconds": t_train,
           "final_loss": {"target": loss_t.item(), "draft_ce": ce_d.item()} if step else None,
