@@ -8,9 +8,9 @@
 #include <math.h>
 #include <time.h>
 
-#include "common/device.h"
 #include "common/sample_math.h"
 #include "harness.h"
+#include "sample_device.h"
 
 static const char *const outputs[] = {"accept_len", "accept_index", "accept_tokens", "status"};
 
@@ -116,30 +116,6 @@ static void batch_free(batch *t) {
     for (int i = 0; i < 4; i++) free(t->out[i]);
 }
 
-/* Runs the batch on the device: inputs copied over, outputs poisoned, results back in got[4]. */
-static kdt_status run_cuda(const batch *t, int32_t *got[4]) {
-    const kdt_tree_sample_accept_params *h = &t->p;
-    const size_t bq = (size_t)h->B * h->Q * 4, bqv = bq * h->V, b4 = (size_t)h->B * 4;
-    const void *src[9] = {h->node_token, h->node_parent, h->num_nodes, h->target_logits, h->draft_probs,
-                          h->temperature, h->top_k, h->top_p, h->seed};
-    const size_t n[9] = {bq, bq, b4, bqv, bqv, b4, b4, b4, b4 * 2}, on[4] = {b4, bq, bq, b4};
-    void *d[13] = {0};
-    kdt_status s = KDT_OK;
-    for (int i = 0; i < 9 && s == KDT_OK; i++)
-        if (src[i] && (s = kdt_dev_alloc(&d[i], n[i])) == KDT_OK) s = kdt_dev_h2d(d[i], src[i], n[i]);
-    for (int i = 0; i < 4 && s == KDT_OK; i++) {
-        memset(got[i], 0x5A, on[i]);
-        if ((s = kdt_dev_alloc(&d[9 + i], on[i])) == KDT_OK) s = kdt_dev_h2d(d[9 + i], got[i], on[i]);
-    }
-    kdt_tree_sample_accept_params p = {h->B, h->Q, h->V, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8],
-                                       d[9], d[10], d[11], d[12]};
-    if (s == KDT_OK) s = kdt_tree_sample_accept(&p, KDT_BACKEND_CUDA, NULL);
-    if (s == KDT_OK) s = kdt_dev_sync();
-    for (int i = 0; i < 4 && s == KDT_OK; i++) s = kdt_dev_d2h(got[i], d[9 + i], on[i]);
-    for (int i = 0; i < 13; i++) kdt_dev_free(d[i]);
-    return s;
-}
-
 static void check_random_cuda(int32_t B, int32_t Q, int32_t V, int sampled, uint64_t *rs) {
     char what[96];
     snprintf(what, sizeof what, "tree_sample_accept random B=%d Q=%d V=%d %s: cuda == cpu", B, Q, V,
@@ -151,7 +127,9 @@ static void check_random_cuda(int32_t B, int32_t Q, int32_t V, int sampled, uint
     for (int i = 0; i < 4; i++) got[i] = malloc((size_t)B * Q * 4);
     for (int i = 0; i < 4; i++) memset(t.out[i], 0xFF, (size_t)B * Q * 4);
     kdt_status s = kdt_tree_sample_accept(&t.p, KDT_BACKEND_CPU, NULL);
-    if (s == KDT_OK) s = run_cuda(&t, got);
+    kdt_tree_sample_accept_params dp = t.p;
+    dp.accept_len = got[0], dp.accept_index = got[1], dp.accept_tokens = got[2], dp.status = got[3];
+    if (s == KDT_OK) s = kt_sample_accept_on_device(&dp);
     if (s != KDT_OK) {
         kt_fail("%s  %s: %s", what, kdt_status_name(s), kdt_last_error());
     } else {
