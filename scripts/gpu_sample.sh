@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# tree_sample_accept on a GPU machine (issue 19), in one call of about 4 minutes: builds for sm_90,
+# generates the numpy bundles, runs the op's tests (bundles exact on cpu and cuda, cuda == cpu bit
+# for bit on random batches up to V = 163840, the statistical tests on both backends),
+# compute-sanitizer memcheck and racecheck on the op's test, and the bench. Logs and the bench table
+# go to $OUT (default /tmp/kdt-gpu-sample); a summary is printed last.
+#   bash scripts/gpu_sample.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kdt-gpu-sample}
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+BUILD=${BUILD:-build}
+SEED=${KDT_SEED:-$(( ($(date +%s) ^ $$) % 1000000 ))}
+export KDT_TEST_DATA="$BUILD/data"
+summary=()
+note() { summary+=("$*"); echo "## $*"; }
+
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+if ! ldconfig -p | grep -q libcjson && [ -d .deb ]; then  # no network there: cJSON from .deb files
+    for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
+    lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
+    MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
+    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    local rc=$?
+    note "$name: exit $rc in $((SECONDS - t0)) s, $(grep -c '^PASS ' "$LOGS/$name.log") PASS, $(grep -c '^FAIL ' "$LOGS/$name.log") FAIL, $(grep -c '^SKIP ' "$LOGS/$name.log") SKIP"
+    grep -E '^FAIL ' "$LOGS/$name.log" | head -10
+    return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$LOGS/info.log" 2>&1
+note "gpu: $(head -1 "$LOGS/info.log")"
+T="$BUILD/tests/test_tree_sample_accept $BUILD/tests/test_sample_stats $BUILD/tests/test_tree_accept"
+step build 200 make -j16 "${MAKEVARS[@]}" $T "$BUILD/bench/bench_sample_accept" "$BUILD/kdt" "$BUILD/libkdt.so" \
+    || { tail -30 "$LOGS/build.log"; printf '%s\n' "${summary[@]}"; exit 1; }
+rm -rf "$KDT_TEST_DATA"; mkdir -p "$KDT_TEST_DATA"
+step bundles 60 sh -c "python3 python/gen_tree_sample_accept.py --out $KDT_TEST_DATA --seed $SEED && python3 python/gen_tree_accept.py --out $KDT_TEST_DATA --seed $SEED"
+note "bundle seed $SEED (KDT_SEED=$SEED replays it)"
+step test_tree_sample_accept 60 "$BUILD/tests/test_tree_sample_accept"
+step test_sample_stats 90 "$BUILD/tests/test_sample_stats"
+grep -E 'cuda.*\((a|b)\) (first|token)|wrong rule' "$LOGS/test_sample_stats.log" | grep cuda | cut -c1-200
+step test_tree_accept 60 "$BUILD/tests/test_tree_accept"
+step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/test_tree_sample_accept"
+grep -E 'ERROR SUMMARY' "$LOGS/memcheck.log" | head -2
+step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/test_tree_sample_accept"
+grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck.log" | head -2
+step bench 120 "$BUILD/bench/bench_sample_accept" --out "$OUT/bench_sample_accept.md"
+cat "$OUT/bench_sample_accept.md"
+printf '%s\n' "${summary[@]}"
