@@ -38,6 +38,7 @@
 /* Philox streams: the acceptance draws and the model drafter's draws never share a counter. */
 #define KDT_SAMPLE_STREAM_ACCEPT 0u
 #define KDT_SAMPLE_STREAM_DRAFT 1u
+#define KDT_SAMPLE_STREAM_STEP 2u /* the loop's per-step seeds */
 /* Draw index of the final (bonus) draw at a node; child tries use their ordinal 0, 1, ... */
 #define KDT_SAMPLE_DRAW_BONUS 0xFFFFFFFFu
 
@@ -146,6 +147,15 @@ KDT_SAMPLE_FN uint64_t kdt_residual_step(uint64_t r, uint64_t qw, double c) {
 KDT_SAMPLE_FN uint64_t kdt_sample_target(double u, uint64_t Z) {
     const uint64_t t = (uint64_t)KDT_DMUL(u, KDT_U2D(Z));
     return t < Z ? t : Z - 1;
+}
+
+/* The op's seed for a request at a step of the loop: Philox of counter (history length, 0, 0,
+ * KDT_SAMPLE_STREAM_STEP) under the request's seed, words 0 and 1. */
+KDT_SAMPLE_FN uint64_t kdt_sample_step_seed(uint64_t seed, uint32_t hist_len) {
+    const uint32_t ctr[4] = {hist_len, 0, 0, KDT_SAMPLE_STREAM_STEP}, key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    uint32_t o[4];
+    kdt_philox4x32_10(ctr, key, o);
+    return ((uint64_t)o[0] << 32) | o[1];
 }
 
 /* Deterministic child: accept iff u < w / Z (Z > 0). */
