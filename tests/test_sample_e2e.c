@@ -11,7 +11,7 @@
  * sampling's draw exactly) and a draft model that differs from the built-in target (its top-K
  * fall outside the target's top 6, weigh 0, and leave the residual equal to the target).
  * Sizes: T = 0.5, top_k = 6, so (t1, t2) has at most 36 categories; n requests per mode (cpu
- * 384, cuda 6144), categories pooled below 10 expected, failing at p < 1e-4. The cpu size catches
+ * 256, cuda 6144), categories pooled below 10 expected, failing at p < 1e-4. The cpu size catches
  * gross errors only (a total-variation bias of ~20%); the cuda run on the GPU machine resolves
  * ~5%. The exact per-node losslessness is test_sample_stats.c's. */
 #include <math.h>
@@ -71,7 +71,7 @@ static void run(kdt_backend be) {
     char what[128];
     snprintf(what, sizeof what, "sample e2e [%s]", kdt_backend_name(be));
     if (!kt_backend_usable(be, what)) return;
-    const int n = be == KDT_BACKEND_CPU ? 384 : 6144;
+    const int n = be == KDT_BACKEND_CPU ? 256 : 6144;
     kdt_model *m = NULL;
     kdt_drafter *self = NULL;
     int32_t *out[3];
