@@ -78,6 +78,31 @@ typedef struct kdt_tree_accept_params {
 
 KDT_API kdt_status kdt_tree_accept(const kdt_tree_accept_params *p, kdt_backend backend, void *stream);
 
+/* ---- tree_sample_accept (docs/interfaces.md 2.4, docs/sampling.md): lossless acceptance when sampling. ----
+ * Per request: temperature <= 0 (or NaN) is greedy and gives tree_accept's result on the argmax
+ * of each row; top_k <= 0 or >= V is off; top_p >= 1 (or NaN) is off. kdt run checks that every
+ * temperature is finite and >= 0, top_k >= 0 and top_p in (0, 1]; the kernels take any value. */
+#define KDT_SAMPLE_MAX_VOCAB (1 << 24)
+typedef struct kdt_tree_sample_accept_params {
+    int32_t B, Q, V;
+    const int32_t *node_token;   /* [B, Q] */
+    const int32_t *node_parent;  /* [B, Q] */
+    const int32_t *num_nodes;    /* [B] */
+    const float *target_logits;  /* [B, Q, V] */
+    const float *draft_probs;    /* [B, Q, V], or NULL: deterministic (top-K) children */
+    const float *temperature;    /* [B] */
+    const int32_t *top_k;        /* [B] */
+    const float *top_p;          /* [B] */
+    const uint64_t *seed;        /* [B] */
+    int32_t *accept_len;         /* [B] out */
+    int32_t *accept_index;       /* [B, Q] out */
+    int32_t *accept_tokens;      /* [B, Q] out */
+    int32_t *status;             /* [B] out: 0 ok, non-zero malformed tree (as tree_accept) */
+} kdt_tree_sample_accept_params;
+
+KDT_API kdt_status kdt_tree_sample_accept(const kdt_tree_sample_accept_params *p, kdt_backend backend,
+                                          void *stream);
+
 /* ---- kv_commit (docs/interfaces.md 2.5): move the accepted path's KV rows right after the prefix. ---- */
 typedef struct kdt_kv_commit_params {
     int32_t B, Q;               /* requests, tree rows the cache holds after the prefix */

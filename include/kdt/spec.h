@@ -94,6 +94,10 @@ typedef struct kdt_spec_request {
     const int32_t *prompt;      /* [prompt_len] host */
     int32_t prompt_len;         /* >= 1 */
     int32_t max_new;            /* tokens to generate, >= 0 */
+    float temperature;          /* 0: greedy (bit for bit the greedy loop); > 0: sampling (docs/sampling.md) */
+    int32_t top_k;              /* 0: off */
+    float top_p;                /* 0 or 1: off */
+    uint64_t seed;              /* the same seed gives the same output run to run on one backend */
     int32_t *out;               /* [max_new] host, out: the generated tokens */
     int32_t n_out;              /* out: tokens written (< max_new when eos ended the request) */
     int32_t steps;              /* out: verification steps the request took part in */
@@ -128,8 +132,11 @@ typedef struct kdt_spec_stats {
     double t_total;             /* the whole call */
 } kdt_spec_stats;
 
-/* Generates for B requests with the target m: speculative with `drafter`, plain greedy decoding
- * (one row per request and step) when drafter is NULL. Creates and frees its own cache. Every
+/* Generates for B requests with the target m: speculative with `drafter`, plain decoding (one
+ * row per request and step) when drafter is NULL. When any request samples (temperature > 0),
+ * acceptance is kdt_tree_sample_accept over the full logits rows of the tree (padded to N + 1
+ * rows a request), and plain decoding and the first token sample through it with a tree of just
+ * the root; the op's seed at a step is derived from the request's seed and its history length. Creates and frees its own cache. Every
  * request pointer is host memory; stream is the CUDA stream (NULL on CPU). stats may be NULL. */
 KDT_API kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *drafter, const kdt_spec_params *p, int32_t B,
                                      kdt_spec_request *reqs, kdt_spec_stats *stats, void *stream);

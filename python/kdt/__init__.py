@@ -8,11 +8,11 @@ See python/README.md for the conventions (backends, dtypes, out=, errors) and th
 The library is found through $KDT_LIB, else the copy installed inside this package, else the
 source tree's build/libkdt.so; it is loaded on the first op call."""
 from ._lib import KdtError, LibraryNotFound
-from .ops import Result, kv_commit, tree_accept, tree_build, verify_attn
+from .ops import Result, kv_commit, tree_accept, tree_build, tree_sample_accept, verify_attn
 from .sglang import sglang_verify_inputs
 
 __version__ = "0.1.0"
-__all__ = ["tree_build", "verify_attn", "tree_accept", "kv_commit", "sglang_verify_inputs",
+__all__ = ["tree_build", "verify_attn", "tree_accept", "tree_sample_accept", "kv_commit", "sglang_verify_inputs",
            "Result", "KdtError", "LibraryNotFound", "cuda_available", "library_path"]
 
 

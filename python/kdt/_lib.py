@@ -13,8 +13,8 @@ KDT_ERR_INVALID_ARG = 1
 KDT_ERR_UNSUPPORTED = 9
 
 # kdt_dtype codes (the KDTR codes of docs/interfaces.md section 1) and backends.
-F32, BF16, U8, I32 = 1, 4, 6, 8
-DTYPE_NAMES = {F32: "float32", BF16: "bfloat16", U8: "uint8", I32: "int32"}
+F32, BF16, U8, I32, U64 = 1, 4, 6, 8, 11
+DTYPE_NAMES = {F32: "float32", BF16: "bfloat16", U8: "uint8", I32: "int32", U64: "uint64"}
 CPU, CUDA = 0, 1
 
 kdt_dtype = c_int  # a C enum: int-sized on every ABI we build for
@@ -87,6 +87,25 @@ class TreeAcceptParams(ctypes.Structure):
     ]
 
 
+class TreeSampleAcceptParams(ctypes.Structure):
+    _fields_ = [
+        ("B", c_int32), ("Q", c_int32), ("V", c_int32),
+        ("node_token", c_void_p),    # i32 [B, Q]
+        ("node_parent", c_void_p),   # i32 [B, Q]
+        ("num_nodes", c_void_p),     # i32 [B]
+        ("target_logits", c_void_p),  # f32 [B, Q, V]
+        ("draft_probs", c_void_p),   # f32 [B, Q, V] or NULL
+        ("temperature", c_void_p),   # f32 [B]
+        ("top_k", c_void_p),         # i32 [B]
+        ("top_p", c_void_p),         # f32 [B]
+        ("seed", c_void_p),          # u64 [B]
+        ("accept_len", c_void_p),    # i32 [B] out
+        ("accept_index", c_void_p),  # i32 [B, Q] out
+        ("accept_tokens", c_void_p),  # i32 [B, Q] out
+        ("status", c_void_p),        # i32 [B] out
+    ]
+
+
 class KvCommitParams(ctypes.Structure):
     _fields_ = [
         ("B", c_int32), ("Q", c_int32),
@@ -107,6 +126,7 @@ OPS = {
     "tree_build": TreeBuildParams,
     "verify_attn": VerifyAttnParams,
     "tree_accept": TreeAcceptParams,
+    "tree_sample_accept": TreeSampleAcceptParams,
     "kv_commit": KvCommitParams,
 }
 

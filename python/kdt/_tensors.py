@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from . import _lib
-from ._lib import BF16, F32, I32, U8
+from ._lib import BF16, F32, I32, U8, U64
 
 try:  # ml_dtypes gives numpy a real bfloat16; without it bf16 travels as uint16 bit patterns
     import ml_dtypes
@@ -18,7 +18,7 @@ except ImportError:
     _NP_BF16 = None
 
 _NP_CODES = {np.dtype(np.float32): F32, np.dtype(np.int32): I32, np.dtype(np.uint8): U8,
-             np.dtype(np.bool_): U8, np.dtype(np.uint16): BF16}
+             np.dtype(np.bool_): U8, np.dtype(np.uint16): BF16, np.dtype(np.uint64): U64}
 if _NP_BF16 is not None:
     _NP_CODES[_NP_BF16] = BF16
 _NP_OUT = {F32: np.float32, I32: np.int32, U8: np.uint8, BF16: np.uint16}
@@ -35,7 +35,10 @@ def _is_torch(x):
 
 def _torch_code(x):
     t = _torch()
-    return {t.float32: F32, t.int32: I32, t.uint8: U8, t.bool: U8, t.bfloat16: BF16}.get(x.dtype)
+    codes = {t.float32: F32, t.int32: I32, t.uint8: U8, t.bool: U8, t.bfloat16: BF16}
+    if hasattr(t, "uint64"):
+        codes[t.uint64] = U64
+    return codes.get(x.dtype)
 
 
 def _torch_out(code):

@@ -1,11 +1,11 @@
-"""The four ops (docs/interfaces.md section 2): inputs in the interface's order and names,
+"""The ops (docs/interfaces.md section 2): inputs in the interface's order and names,
 outputs returned under the interface's names in a Result.
 
 numpy arrays (or CPU torch tensors) run on the CPU backend and return numpy arrays (torch
 tensors); torch tensors on a CUDA device run on the CUDA backend, queued on that device's
 current torch stream, and return torch tensors on that device without synchronizing."""
 from . import _lib
-from ._lib import BF16, F32, I32, U8
+from ._lib import BF16, F32, I32, U8, U64
 from ._tensors import Call, check_outs, scalar_float, scalar_int
 
 MAX_BUDGET = 1024
@@ -131,6 +131,37 @@ def tree_accept(node_token, node_parent, num_nodes, target_pred, *, out=None):
            "target_pred": c.tensor("target_pred", target_pred, (I32,), ["B", "Q"])}
     outs = _outputs(c, out, TREE_ACCEPT_OUTPUTS)
     p = _lib.TreeAcceptParams(B=c.dims["B"], Q=c.dims["Q"])
+    for name, t in {**ins, **outs}.items():
+        setattr(p, name, t.ptr)
+    return _run(c, op, p, outs)
+
+
+def tree_sample_accept(node_token, node_parent, num_nodes, target_logits, temperature, top_k, top_p, seed, *,
+                       draft_probs=None, out=None):
+    """Lossless acceptance when sampling (SPEC 2.4, docs/sampling.md).
+
+    node_token, node_parent i32 [B, Q], num_nodes i32 [B], target_logits f32 [B, Q, V],
+    temperature f32 [B] (0: greedy, as tree_accept on each row's argmax), top_k i32 [B] (0: off),
+    top_p f32 [B] (1: off), seed u64 [B]; draft_probs f32 [B, Q, V] when the children were sampled
+    from those rows (None: deterministic top-K children). Returns accept_len i32 [B],
+    accept_index and accept_tokens i32 [B, Q] (fill -1) and status i32 [B]."""
+    op = "tree_sample_accept"
+    out = check_outs(op, out, [name for name, _, _ in TREE_ACCEPT_OUTPUTS])
+    c = Call(op, {"node_token": node_token, "node_parent": node_parent, "num_nodes": num_nodes,
+                  "target_logits": target_logits, "draft_probs": draft_probs, "temperature": temperature,
+                  "top_k": top_k, "top_p": top_p, "seed": seed, **(out or {})})
+    ins = {"node_token": c.tensor("node_token", node_token, (I32,), ["B", "Q"]),
+           "node_parent": c.tensor("node_parent", node_parent, (I32,), ["B", "Q"]),
+           "num_nodes": c.tensor("num_nodes", num_nodes, (I32,), ["B"]),
+           "target_logits": c.tensor("target_logits", target_logits, (F32,), ["B", "Q", "V"]),
+           "temperature": c.tensor("temperature", temperature, (F32,), ["B"]),
+           "top_k": c.tensor("top_k", top_k, (I32,), ["B"]),
+           "top_p": c.tensor("top_p", top_p, (F32,), ["B"]),
+           "seed": c.tensor("seed", seed, (U64,), ["B"])}
+    if draft_probs is not None:
+        ins["draft_probs"] = c.tensor("draft_probs", draft_probs, (F32,), ["B", "Q", "V"])
+    outs = _outputs(c, out, TREE_ACCEPT_OUTPUTS)
+    p = _lib.TreeSampleAcceptParams(B=c.dims["B"], Q=c.dims["Q"], V=c.dims["V"])
     for name, t in {**ins, **outs}.items():
         setattr(p, name, t.ptr)
     return _run(c, op, p, outs)

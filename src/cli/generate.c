@@ -30,6 +30,16 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
     return 0;
 }
 
+/* A finite decimal number in [lo, hi], the whole string. */
+static int parse_real(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
+}
+
 /* "1,2,3" into a malloc'd array. */
 static int parse_ids(const char *s, int32_t **ids, int32_t *n) {
     *n = 0;
@@ -56,7 +66,8 @@ static int fail(const char *what, kdt_status s) {
     "usage: kdt generate [--model DIR] --prompt-ids 1,2,3 [--prompt-ids ...] --max-new N\n"             \
     "                    [--backend cpu|cuda] [--eos ID] [--spec none|lookup|model]\n"                  \
     "                    [--depth D] [--topk K] [--budget N] [--draft-layers L] [--draft-model DIR]\n"  \
-    "  Greedy decoding; the generated ids go to stdout, one line per prompt (several --prompt-ids\n"    \
+    "                    [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"                       \
+    "  Greedy decoding by default; the generated ids go to stdout, one line per prompt (several --prompt-ids\n"    \
     "  decode as one batch). Without --model, the built-in model. --backend: cuda where a CUDA device\n" \
     "  is present (bf16), else cpu (f32). --eos: a token that ends its request once emitted.\n"         \
     "  --spec: speculative decoding with greedy acceptance, the same output as none, faster when the\n" \
@@ -66,6 +77,10 @@ static int fail(const char *what, kdt_status s) {
     "  --draft-layers L: the model drafter is the target's first L layers (needs --model; 0, the\n"    \
     "  default, is the whole target: every draft token is right, the upper bound of acceptance).\n"    \
     "  --draft-model DIR: another checkpoint with the target's vocabulary as the draft model.\n"       \
+    "  --temperature T > 0 samples (0, the default, is greedy) from softmax(logits / T) after keeping\n" \
+    "  the --top-k largest logits (0: off) and then the smallest set reaching probability --top-p\n"  \
+    "  (1: off); speculative decoding then accepts by rejection sampling and gives the same\n"       \
+    "  distribution (docs/sampling.md). --seed S (default 0): the same seed, the same output.\n"      \
     "  Statistics on stderr: mean accepted length (draft tokens kept per request and step), tokens/s\n" \
     "  and the time per step split into draft, tree build, verify forward, accept and commit (on\n"    \
     "  CUDA the split synchronizes after each phase).\n"
@@ -79,12 +94,14 @@ typedef struct opts {
     const char *model_dir, *draft_dir, *spec;
     const char *prompts[MAX_PROMPTS];
     int n_prompts;
-    long max_new, depth, topk, budget, draft_layers, eos;
+    long max_new, depth, topk, budget, draft_layers, eos, top_k;
+    double temperature, top_p;
+    unsigned long long seed;
     kdt_backend backend;
 } opts;
 
 static int parse_opts(int argc, char **argv, opts *o) {
-    *o = (opts){.spec = "none", .max_new = -1, .depth = 4, .topk = 4, .budget = 16, .eos = -1,
+    *o = (opts){.spec = "none", .max_new = -1, .depth = 4, .topk = 4, .budget = 16, .eos = -1, .top_p = 1.0,
                 .backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -118,6 +135,17 @@ static int parse_opts(int argc, char **argv, opts *o) {
             if (parse_int(v, 1, 1024, &o->budget)) return usage_error("--budget takes an integer in 1 .. 1024, not", v);
         } else if (strcmp(a, "--draft-layers") == 0) {
             if (parse_int(v, 0, 4096, &o->draft_layers)) return usage_error("--draft-layers takes an integer in 0 .. 4096, not", v);
+        } else if (strcmp(a, "--temperature") == 0) {
+            if (parse_real(v, 0.0, 1e6, &o->temperature)) return usage_error("--temperature takes a number in 0 .. 1e6, not", v);
+        } else if (strcmp(a, "--top-p") == 0) {
+            if (parse_real(v, 1e-9, 1.0, &o->top_p)) return usage_error("--top-p takes a number in (0, 1], not", v);
+        } else if (strcmp(a, "--top-k") == 0) {
+            if (parse_int(v, 0, INT32_MAX, &o->top_k)) return usage_error("--top-k takes an integer >= 0 (0: off), not", v);
+        } else if (strcmp(a, "--seed") == 0) {
+            char *end;
+            errno = 0;
+            o->seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end || *v == '-') return usage_error("--seed takes an integer in 0 .. 2^64 - 1, not", v);
         } else if (strcmp(a, "--eos") == 0) {
             if (parse_int(v, 0, INT32_MAX, &o->eos)) return usage_error("--eos takes a token id, not", v);
         } else {
@@ -214,7 +242,9 @@ int kdt_cmd_generate(int argc, char **argv) {
             goto done;
         }
         req[b] = (kdt_spec_request){.prompt = ids[b], .prompt_len = P, .max_new = (int32_t)o.max_new,
-                                    .out = malloc(((size_t)o.max_new + 1) * sizeof(int32_t))};
+                                    .out = malloc(((size_t)o.max_new + 1) * sizeof(int32_t)),
+                                    .temperature = (float)o.temperature, .top_k = (int32_t)o.top_k,
+                                    .top_p = (float)o.top_p, .seed = (uint64_t)o.seed};
         prompt_tokens += P;
         if (!req[b].out) { fprintf(stderr, "kdt generate: out of memory\n"); rc = 1; goto done; }
     }

@@ -17,6 +17,9 @@ kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream);
 kdt_status kdt_tree_accept_cpu(const kdt_tree_accept_params *p);
 kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void *stream);
 
+kdt_status kdt_tree_sample_accept_cpu(const kdt_tree_sample_accept_params *p);
+kdt_status kdt_tree_sample_accept_cuda(const kdt_tree_sample_accept_params *p, void *stream);
+
 kdt_status kdt_kv_commit_cpu(const kdt_kv_commit_params *p);
 kdt_status kdt_kv_commit_cuda(const kdt_kv_commit_params *p, void *stream);
 
@@ -24,6 +27,7 @@ kdt_status kdt_kv_commit_cuda(const kdt_kv_commit_params *p, void *stream);
 kdt_status kdt_tree_build_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend);
 kdt_status kdt_verify_attn_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend);
 kdt_status kdt_tree_accept_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend);
+kdt_status kdt_tree_sample_accept_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend);
 kdt_status kdt_kv_commit_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend);
 
 #ifdef __cplusplus

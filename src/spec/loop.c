@@ -14,6 +14,7 @@
 
 #include "common/device.h"
 #include "common/internal.h"
+#include "common/sample_math.h"
 #include "kdt/ops.h"
 #include "spec/internal.h"
 
@@ -51,6 +52,12 @@ typedef struct loop {
     int32_t *f_tok, *f_pos;     /* [B * Q] */
     uint8_t *f_mask;            /* [B * Q * Q] */
     int32_t *c_req, *c_len, *c_idx; /* [B], [B], [B * Q]: one commit group */
+    /* Sampling (some request has temperature > 0). samp: this step's seed u64 [Ba], then
+     * temperature f32, top_k i32, top_p f32 [Ba] each; one: the root-only trees of plain decoding,
+     * node_token, node_parent, num_nodes, accept_len, status, accept_index, accept_tokens [Ba] each. */
+    int sampling;
+    void *samp, *h_samp;
+    int32_t *one, *h_one;
 } loop;
 
 static double now_s(void) {
@@ -113,6 +120,7 @@ static kdt_status to_host(loop *L, void *dst, const void *src, size_t n) {
 static void loop_free(loop *L) {
     be_free(L, L->scores); be_free(L, L->dtok); be_free(L, L->roots); be_free(L, L->tree_io); be_free(L, L->tree_aux);
     be_free(L, L->pred); be_free(L, L->acc); be_free(L, L->logits); be_free(L, L->hidden); be_free(L, L->d_rows);
+    be_free(L, L->samp); be_free(L, L->one); host_free(L, L->h_samp, L->samp); host_free(L, L->h_one, L->one);
     host_free(L, L->h_tree_io, L->tree_io); host_free(L, L->h_roots, L->roots); host_free(L, L->h_pred, L->pred);
     host_free(L, L->h_acc, L->acc);
     free(L->f_tok); free(L->f_pos); free(L->f_mask);
@@ -146,6 +154,12 @@ static kdt_status loop_alloc(loop *L, int32_t max_len) {
     if (s == KDT_OK && (!L->hist || !L->hist_len || !L->done || !L->act || !L->act_len || !L->n_new || !L->n_rows ||
                         !L->row_start || !L->act_hist || !L->f_tok || !L->f_pos))
         s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for %zu rows of %d logits", rows, L->V);
+    if (L->sampling) {
+        L->samp = be_alloc(L, B * 20, &s);
+        L->one = be_alloc(L, 7 * B * sizeof(int32_t), &s);
+        L->h_samp = host_alloc(L, L->samp, B * 20, &s);
+        L->h_one = host_alloc(L, L->one, 7 * B * sizeof(int32_t), &s);
+    }
     for (int32_t b = 0; s == KDT_OK && b < L->B; b++) {
         const kdt_spec_request *r = &L->reqs[b];
         if (!(L->hist[b] = malloc(((size_t)r->prompt_len + r->max_new) * sizeof **L->hist)))
@@ -224,10 +238,46 @@ static kdt_status argmax(loop *L, int32_t Q, int packed) {
     return kdt_spec_argmax_cuda(L->logits, L->V, Ba, Q, packed ? L->d_rows : NULL, L->pred, L->stream);
 }
 
-/* The next token of each request from the last row of a forward with KDT_LOGITS_LAST. */
+/* The sampling parameters of the active requests and this step's seeds, to the backend. */
+static kdt_status sample_params(loop *L, kdt_tree_sample_accept_params *p) {
+    const int32_t Ba = L->Ba;
+    uint64_t *seed = L->h_samp;
+    float *temp = (float *)(seed + Ba), *topp = temp + 2 * (size_t)Ba;
+    int32_t *topk = (int32_t *)(temp + Ba);
+    for (int32_t a = 0; a < Ba; a++) {
+        const kdt_spec_request *r = &L->reqs[L->act[a]];
+        seed[a] = kdt_sample_step_seed(r->seed, (uint32_t)L->act_len[a]);
+        temp[a] = r->temperature;
+        topk[a] = r->top_k;
+        topp[a] = r->top_p > 0.0f ? r->top_p : 1.0f;
+    }
+    uint64_t *d = L->samp;
+    p->seed = d;
+    p->temperature = (const float *)(d + Ba);
+    p->top_k = (const int32_t *)(p->temperature + Ba);
+    p->top_p = p->temperature + 2 * (size_t)Ba;
+    return to_backend(L, L->samp, L->h_samp, (size_t)Ba * 20);
+}
+
+/* The next token of each request from the last row of a forward with KDT_LOGITS_LAST: the
+ * argmax, or when sampling tree_sample_accept over trees of just the root. */
 static kdt_status next_tokens(loop *L) {
-    kdt_status s = argmax(L, 1, 0);
-    return s == KDT_OK ? to_host(L, L->h_pred, L->pred, (size_t)L->Ba * sizeof(int32_t)) : s;
+    const int32_t Ba = L->Ba;
+    if (!L->sampling) {
+        kdt_status s = argmax(L, 1, 0);
+        return s == KDT_OK ? to_host(L, L->h_pred, L->pred, (size_t)Ba * sizeof(int32_t)) : s;
+    }
+    for (int32_t a = 0; a < Ba; a++) L->h_one[a] = L->h_one[Ba + a] = -1, L->h_one[2 * Ba + a] = 0;
+    int32_t *o = L->one;
+    kdt_tree_sample_accept_params p = {.B = Ba, .Q = 1, .V = L->V, .node_token = o, .node_parent = o + Ba,
+                                       .num_nodes = o + 2 * Ba, .target_logits = L->logits, .accept_len = o + 3 * Ba,
+                                       .status = o + 4 * Ba, .accept_index = o + 5 * Ba, .accept_tokens = o + 6 * Ba};
+    kdt_status s = to_backend(L, L->one, L->h_one, 3 * (size_t)Ba * sizeof(int32_t));
+    if (s == KDT_OK) s = sample_params(L, &p);
+    if (s == KDT_OK) s = kdt_tree_sample_accept(&p, L->be, L->stream);
+    if (s == KDT_OK && L->be == KDT_BACKEND_CPU) memcpy(L->h_pred, o + 6 * Ba, (size_t)Ba * sizeof(int32_t));
+    else if (s == KDT_OK) s = to_host(L, L->h_pred, o + 6 * Ba, (size_t)Ba * sizeof(int32_t));
+    return s;
 }
 
 /* Prompts in one forward; each request's first token from its last row. */
@@ -317,17 +367,18 @@ static kdt_status build_tree(loop *L) {
     return kdt_tree_build(&p, L->be, L->stream);
 }
 
-/* The forward over each request's tree rows (num_nodes + 1, or Q with pad_tree: a fill row
- * holds the root token at the root's position and sees only itself), then target_pred. With
- * pad_tree the rows are Q per request back to back, which the argmax takes as they are. */
+/* The forward over each request's tree rows (num_nodes + 1, or Q with pad_tree or when sampling:
+ * a fill row holds the root token at the root's position and sees only itself), then target_pred
+ * (greedy only). Padded, the rows are Q per request back to back, which the argmax and
+ * tree_sample_accept take as they are. */
 static kdt_status verify(loop *L) {
-    const int32_t Ba = L->Ba, Q = L->Q;
+    const int32_t Ba = L->Ba, Q = L->Q, pad = L->p.pad_tree || L->sampling;
     kdt_status s = to_host(L, L->h_tree_io, L->tree_io, tree_io_bytes(Ba, Q));
     if (s != KDT_OK) return s;
     const views v = tree_views(L, L->h_tree_io, L->h_acc);
     int64_t R = 0, moff = 0;
     for (int32_t a = 0; a < Ba; a++) {
-        const int32_t nodes = v.num_nodes[a], n = L->p.pad_tree ? Q : nodes + 1;
+        const int32_t nodes = v.num_nodes[a], n = pad ? Q : nodes + 1;
         if (nodes < 0 || nodes > L->N)
             return kdt_fail(KDT_ERR_INTERNAL, "speculative loop: tree_build gave request %d %d nodes", L->act[a], nodes);
         L->n_rows[a] = n;
@@ -346,17 +397,28 @@ static kdt_status verify(loop *L) {
     }
     if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden)) != KDT_OK) return s;
     for (int32_t a = 0; a < Ba; a++) L->st->drafted += v.num_nodes[a];
-    return argmax(L, Q, !L->p.pad_tree);
+    return L->sampling ? KDT_OK : argmax(L, Q, !pad);
 }
 
-/* tree_accept, then the emitted tokens (accept_len + 1 per request) onto the histories. */
+/* tree_accept (tree_sample_accept when sampling), then the emitted tokens (accept_len + 1 per
+ * request) onto the histories. */
 static kdt_status accept(loop *L) {
     const int32_t Ba = L->Ba, Q = L->Q;
     const views v = tree_views(L, L->tree_io, L->acc);
-    const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = v.node_token, .node_parent = L->tree_aux,
-                                      .num_nodes = v.num_nodes, .target_pred = L->pred, .accept_len = v.accept_len,
-                                      .accept_index = v.accept_index, .accept_tokens = v.accept_tokens, .status = v.status};
-    kdt_status s = kdt_tree_accept(&p, L->be, L->stream);
+    kdt_status s;
+    if (L->sampling) {
+        kdt_tree_sample_accept_params p = {.B = Ba, .Q = Q, .V = L->V, .node_token = v.node_token,
+                                           .node_parent = L->tree_aux, .num_nodes = v.num_nodes, .target_logits = L->logits,
+                                           .accept_len = v.accept_len, .accept_index = v.accept_index,
+                                           .accept_tokens = v.accept_tokens, .status = v.status};
+        s = sample_params(L, &p);
+        if (s == KDT_OK) s = kdt_tree_sample_accept(&p, L->be, L->stream);
+    } else {
+        const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = v.node_token, .node_parent = L->tree_aux,
+                                          .num_nodes = v.num_nodes, .target_pred = L->pred, .accept_len = v.accept_len,
+                                          .accept_index = v.accept_index, .accept_tokens = v.accept_tokens, .status = v.status};
+        s = kdt_tree_accept(&p, L->be, L->stream);
+    }
     if (s == KDT_OK) s = to_host(L, L->h_acc, L->acc, (2 * (size_t)Ba + 2 * (size_t)Ba * Q) * sizeof(int32_t));
     if (s != KDT_OK) return s;
     const views h = tree_views(L, L->h_tree_io, L->h_acc);
@@ -456,6 +518,9 @@ static kdt_status check_args(const kdt_model *m, const kdt_drafter *dr, const kd
                             b, r->prompt_len, r->max_new);
         if ((int64_t)r->prompt_len + r->max_new + p->budget + 1 > INT32_MAX / 2)
             return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: request %d is too long", b);
+        if (!isfinite(r->temperature) || r->temperature < 0.0f || r->top_k < 0 || !(r->top_p >= 0.0f && r->top_p <= 1.0f))
+            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: request %d: temperature %g (need finite, >= 0), top_k %d "
+                            "(>= 0), top_p %g (0 .. 1)", b, (double)r->temperature, r->top_k, (double)r->top_p);
     }
     return KDT_OK;
 }
@@ -474,6 +539,7 @@ kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *dr, const kdt_spec_param
     L.Q = L.N + 1;
     int32_t max_hist = 1;
     for (int32_t b = 0; b < B; b++) {
+        L.sampling |= reqs[b].temperature > 0.0f;
         reqs[b].n_out = reqs[b].steps = reqs[b].accepted = 0;
         if (reqs[b].prompt_len + reqs[b].max_new > max_hist) max_hist = reqs[b].prompt_len + reqs[b].max_new;
     }

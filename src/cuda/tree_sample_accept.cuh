@@ -1,0 +1,308 @@
+/* tree_sample_accept's device code (SPEC 2.4; docs/sampling.md), included by
+ * src/cuda/tree_sample_accept.cu and by tests/test_tree_sample_accept_emu.cc, which runs it on
+ * CPU threads. It includes only plain C headers; the includer supplies the CUDA subset it uses
+ * (shuffles, ballots, barriers, shared atomics, __ldg). One block of kThreads threads walks one
+ * request: see tree_sample_accept.cu for the design. */
+#pragma once
+
+#include "common/sample_math.h"
+#include "kdt/ops.h"
+
+namespace tsa {
+
+constexpr int kThreads = 1024, kWarps = kThreads / 32, kMaxQ = KDT_TREE_MAX_BUDGET + 1;
+constexpr unsigned kFull = 0xffffffffu;
+typedef unsigned long long u64;
+
+
+struct Smem {
+    int tok[kMaxQ], par[kMaxQ], first_child[kMaxQ], next_sib[kMaxQ];
+    int path_idx[kMaxQ], path_tok[kMaxQ];
+    int rej[kMaxQ];      /* tokens rejected at the current node (deterministic children) */
+    double chain[kMaxQ]; /* Z / Qz of each rejection at the current node (sampled children) */
+    u64 hist_w[256];
+    unsigned hist_n[256];
+    u64 red[kWarps];
+    float redf[kWarps];
+    u64 Z, Zr, Qz, target;
+    float m;
+    unsigned tau, prefix;
+    int n_rej, n_chain, next, token, seg_warp, status;
+};
+
+/* One node's filtered distribution: weight of token v (0 below the threshold). */
+struct Dist {
+    const float *row;
+    float T, m;
+    unsigned tau;
+    __device__ u64 w(int v) const {
+        const float k = kdt_sample_key(__ldg(row + v), T);
+        return kdt_key_order(k) >= tau ? kdt_sample_weight(k, m) : 0;
+    }
+};
+
+__device__ u64 warp_sum(u64 x) {
+    for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+    return x;
+}
+
+/* Block-wide sums and maxima; every thread gets the result. */
+__device__ u64 block_sum(Smem &s, u64 x) {
+    x = warp_sum(x);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s.red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    return warp_sum(s.red[threadIdx.x & 31]);
+}
+
+__device__ float block_max(Smem &s, float x) {
+    for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s.redf[threadIdx.x >> 5] = x;
+    __syncthreads();
+    x = s.redf[threadIdx.x & 31];
+    for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+    return x;
+}
+
+__device__ u64 block_max_u64(Smem &s, u64 x) {
+    for (int o = 16; o; o >>= 1) x = max(x, (u64)__shfl_xor_sync(kFull, x, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s.red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    x = s.red[threadIdx.x & 31];
+    for (int o = 16; o; o >>= 1) x = max(x, (u64)__shfl_xor_sync(kFull, x, o));
+    return x;
+}
+
+/* The loop's argmax (src/spec/rows.c): NaN below everything, -0 == +0, ties to the lowest id. */
+__device__ int block_argmax(Smem &s, const float *row, int V) {
+    u64 best = 0;
+    for (int v = threadIdx.x; v < V; v += kThreads) {
+        const float x = __ldg(row + v);
+        const unsigned o = x != x ? 0u : kdt_key_order(x == 0.0f ? 0.0f : x);
+        best = max(best, (u64)o << 32 | (0xFFFFFFFFu - (unsigned)v));
+    }
+    return (int)(0xFFFFFFFFu - (unsigned)block_max_u64(s, best));
+}
+
+/* Radix select over the key orders of the row, 8 bits a pass from the top. By count (weighted =
+ * false): the order of the k-th largest key. By weight: the largest order t whose keys >= t weigh
+ * at least `need`, and s.Z = that weight. */
+__device__ unsigned radix_select(Smem &s, const Dist &d, int V, u64 need, bool weighted) {
+    unsigned prefix = 0;
+    u64 above = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += kThreads) s.hist_w[i] = 0, s.hist_n[i] = 0;
+        __syncthreads();
+        const unsigned hi_mask = shift == 24 ? 0u : ~0u << (shift + 8);
+        for (int v = threadIdx.x; v < V; v += kThreads) {
+            const float k = kdt_sample_key(__ldg(d.row + v), d.T);
+            const unsigned o = kdt_key_order(k);
+            if ((o & hi_mask) != (prefix & hi_mask)) continue;
+            const unsigned bin = (o >> shift) & 255u;
+            if (weighted) {
+                const u64 w = o >= d.tau ? kdt_sample_weight(k, d.m) : 0;
+                if (w) atomicAdd(&s.hist_w[bin], w);
+            } else {
+                atomicAdd(&s.hist_n[bin], 1u);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u64 cum = above;
+            int bin = 255;
+            for (; bin > 0; bin--) {
+                const u64 h = weighted ? s.hist_w[bin] : s.hist_n[bin];
+                if (cum + h >= need) break;
+                cum += h;
+            }
+            above = cum;
+            s.prefix = prefix | (unsigned)bin << shift;
+            if (shift == 0) s.Z = above + (weighted ? s.hist_w[bin] : s.hist_n[bin]);
+        }
+        __syncthreads();
+        prefix = s.prefix; /* `above` matters to thread 0 alone, which carries it to the next pass */
+    }
+    return prefix;
+}
+
+/* Residual weight of token v at the current node: the rejected tokens removed (deterministic),
+ * or each rejection's draft share taken off (sampled). */
+__device__ u64 residual_w(const Smem &s, const Dist &d, const float *qrow, int v) {
+    u64 r = d.w(v);
+    if (!r) return 0;
+    for (int i = 0; i < s.n_rej; i++)
+        if (s.rej[i] == v) return 0;
+    if (s.n_chain) {
+        const u64 qw = kdt_draft_weight(__ldg(qrow + v));
+        for (int i = 0; i < s.n_chain && r; i++) r = kdt_residual_step(r, qw, s.chain[i]);
+    }
+    return r;
+}
+
+/* Inverse CDF of the residual at s.target (< its sum): the token, written to s.token. */
+__device__ void sample_residual(Smem &s, const Dist &d, const float *qrow, int V) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = (V + kWarps - 1) / kWarps;
+    const int lo = min(V, warp * seg), hi = min(V, lo + seg);
+    u64 part = 0;
+    for (int v = lo + lane; v < hi; v += 32) part += residual_w(s, d, qrow, v);
+    part = warp_sum(part);
+    __syncthreads();
+    if (lane == 0) s.red[warp] = part;
+    __syncthreads();
+    if (threadIdx.x == 0) { /* the segment holding the target, and the weight before it */
+        u64 cum = 0;
+        int w = 0;
+        for (; w < kWarps - 1 && cum + s.red[w] <= s.target; w++) cum += s.red[w];
+        s.seg_warp = w;
+        s.target -= cum;
+    }
+    __syncthreads();
+    if (warp == s.seg_warp) {
+        u64 before = 0;
+        int found = -1;
+        for (int v0 = lo; v0 < hi && found < 0; v0 += 32) {
+            const int v = v0 + lane;
+            u64 x = v < hi ? residual_w(s, d, qrow, v) : 0, incl = x;
+            for (int o = 1; o < 32; o <<= 1) {
+                const u64 y = __shfl_up_sync(kFull, incl, o);
+                if (lane >= o) incl += y;
+            }
+            const unsigned hit = __ballot_sync(kFull, before + incl > s.target);
+            if (hit) found = v0 + __ffs(hit) - 1;
+            before += __shfl_sync(kFull, incl, 31);
+        }
+        if (lane == 0) s.token = found >= 0 ? found : hi - 1;
+    }
+    __syncthreads();
+}
+
+/* The children of the current node, tried in index order by thread 0 with the whole block
+ * joining each sampled rejection's pass. Leaves s.next (-1: none accepted) and s.Zr. */
+__device__ void try_children(Smem &s, const Dist &d, const float *qrow, int cur, int depth, int b, u64 seed, int V) {
+    int j = 0;
+    for (int c = s.first_child[cur]; c >= 0; c = s.next_sib[c], j++) {
+        __syncthreads(); /* every thread has read the last try's s.next and s.Zr */
+        if (threadIdx.x == 0) {
+            const int x = s.tok[c];
+            const double u = kdt_sample_uniform(seed, (uint32_t)b, (uint32_t)depth, (uint32_t)j, KDT_SAMPLE_STREAM_ACCEPT);
+            const bool in = x >= 0 && x < V;
+            const u64 r = in ? residual_w(s, d, qrow, x) : 0;
+            if (s.Qz > 0) {
+                const u64 qw = in ? kdt_draft_weight(__ldg(qrow + x)) : 0;
+                if (kdt_accept_sampled(u, r, s.Zr, qw, s.Qz)) s.next = c;
+                else s.chain[s.n_chain++] = KDT_DDIV(KDT_U2D(s.Zr), KDT_U2D(s.Qz));
+            } else if (s.Zr > 0 && kdt_accept_det(u, r, s.Zr)) {
+                s.next = c;
+            } else if (r > 0) {
+                s.rej[s.n_rej++] = x;
+                s.Zr -= r;
+            }
+        }
+        __syncthreads();
+        if (s.next >= 0) return;
+        if (s.Qz > 0) { /* the new residual's sum */
+            u64 part = 0;
+            for (int v = threadIdx.x; v < V; v += kThreads) part += residual_w(s, d, qrow, v);
+            part = block_sum(s, part);
+            if (threadIdx.x == 0) s.Zr = part;
+            __syncthreads();
+        }
+    }
+}
+
+/* Request b, by the whole block; s is the block's shared memory. */
+__device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int b) {
+    const int Q = p.Q, V = p.V, tid = threadIdx.x;
+    const size_t row0 = (size_t)b * Q;
+    const int n = p.num_nodes[b];
+    const float T = p.temperature[b], P = p.top_p[b];
+    const int K = p.top_k[b];
+    const u64 seed = p.seed[b];
+    for (int c = tid; c < Q; c += kThreads) {
+        s.tok[c] = p.node_token[row0 + c];
+        s.par[c] = p.node_parent[row0 + c];
+        s.first_child[c] = s.next_sib[c] = -1;
+    }
+    __syncthreads();
+    int bad = 0; /* status codes as tree_accept: 1 num_nodes out of range, 2 a bad parent */
+    if (n >= 0 && n <= Q - 1)
+        for (int c = 1 + tid; c <= n; c += kThreads) bad |= s.par[c] < 0 || s.par[c] >= c;
+    const int status = n < 0 || n > Q - 1 ? 1 : __syncthreads_or(bad) ? 2 : 0;
+    const int nn = status ? 0 : n;
+    for (int c = 1 + tid; c <= nn; c += kThreads) { /* child lists in index order */
+        atomicMin((unsigned *)&s.first_child[s.par[c]], (unsigned)c); /* -1 is the largest unsigned */
+        for (int c2 = c + 1; c2 <= nn; c2++)
+            if (s.par[c2] == s.par[c]) { s.next_sib[c] = c2; break; }
+    }
+    __syncthreads();
+
+    int cur = 0, len = 0;
+    for (;;) {
+        const float *row = p.target_logits + (row0 + cur) * V;
+        if (tid == 0) s.next = -1, s.n_rej = 0, s.n_chain = 0;
+        if (!(T > 0.0f)) { /* greedy: SPEC 2.3 on the row's argmax */
+            const int pred = block_argmax(s, row, V);
+            if (tid == 0) {
+                for (int c = s.first_child[cur]; c >= 0 && s.next < 0; c = s.next_sib[c])
+                    if (s.tok[c] == pred) s.next = c;
+                s.token = pred;
+            }
+            __syncthreads();
+        } else {
+            Dist d = {row, T, 0.0f, 0u};
+            float m = -INFINITY;
+            for (int v = tid; v < V; v += kThreads) m = fmaxf(m, kdt_sample_key(__ldg(row + v), T));
+            d.m = block_max(s, m);
+            if (K > 0 && K < V) d.tau = radix_select(s, d, V, (u64)K, false);
+            u64 part = 0;
+            for (int v = tid; v < V; v += kThreads) part += d.w(v);
+            u64 Z = block_sum(s, part);
+            if (P < 1.0f) {
+                d.tau = radix_select(s, d, V, kdt_top_p_need(P, Z), true);
+                Z = s.Z;
+            }
+            const float *qrow = p.draft_probs ? p.draft_probs + (row0 + cur) * V : nullptr;
+            u64 Qz = 0;
+            if (qrow && status == 0) {
+                part = 0;
+                for (int v = tid; v < V; v += kThreads) part += kdt_draft_weight(__ldg(qrow + v));
+                Qz = block_sum(s, part);
+            }
+            if (tid == 0) s.Qz = Qz, s.Zr = Z;
+            __syncthreads();
+            try_children(s, d, qrow, cur, len, b, seed, V);
+            if (s.next < 0) {
+                if (tid == 0) {
+                    if (s.Zr == 0) s.n_rej = s.n_chain = 0, s.Zr = Z; /* residual used up: the full distribution */
+                    const double u = kdt_sample_uniform(seed, (uint32_t)b, (uint32_t)len, KDT_SAMPLE_DRAW_BONUS,
+                                                        KDT_SAMPLE_STREAM_ACCEPT);
+                    s.target = kdt_sample_target(u, s.Zr);
+                }
+                __syncthreads();
+                sample_residual(s, d, qrow, V);
+            }
+        }
+        const int next = s.next;
+        if (tid == 0) {
+            s.path_idx[len] = cur;
+            s.path_tok[len] = next >= 0 ? s.tok[next] : s.token;
+        }
+        __syncthreads();
+        if (next < 0) break;
+        cur = next;
+        len++;
+    }
+    int *idx = p.accept_index + row0, *out = p.accept_tokens + row0;
+    for (int i = tid; i < Q; i += kThreads) {
+        idx[i] = i <= len ? s.path_idx[i] : -1;
+        out[i] = i <= len ? s.path_tok[i] : -1;
+    }
+    if (tid == 0) {
+        p.accept_len[b] = len;
+        p.status[b] = status;
+    }
+}
+
+} // namespace tsa
