@@ -14,7 +14,7 @@ CXXFLAGS ?= -O2 -g
 CXXFLAGS += -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -MMD -MP
 CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
             -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
-LDLIBS   := -lm -lpthread -lcjson
+LDLIBS   := -lm -lpthread -lcjson -lpcre2-8
 
 # sm_90 and sm_120 machine code plus PTX for later chips; Hopper-only kernels (src/cuda/sm90/)
 # are built for sm_90a alone, where wgmma and setmaxnreg exist.
@@ -25,7 +25,7 @@ NVCCFLAGS  ?= -O3 -lineinfo
 NVCCFLAGS  += -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
               --expt-relaxed-constexpr -MMD -MP
 
-LIB_C   := $(wildcard src/common/*.c src/kdtr/*.c src/ops/*.c src/cpu/*.c src/model/*.c src/spec/*.c)
+LIB_C   := $(wildcard src/common/*.c src/kdtr/*.c src/ops/*.c src/cpu/*.c src/model/*.c src/spec/*.c src/tokenizer/*.c)
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/obj/%.o)
 ifeq ($(KDT_CUDA),1)
 LIB_CU    := $(wildcard src/cuda/*.cu)
