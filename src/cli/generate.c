@@ -1,12 +1,13 @@
 /* kdt generate (SPEC section 3): greedy decoding with the target model, plain or speculative
- * (kdt_spec_generate). Generated ids go to stdout, one line per prompt; progress and statistics
- * go to stderr. */
+ * (kdt_spec_generate). Generated ids go to stdout, one line per prompt, or with a text prompt the
+ * text as it is produced (generate_text.c); progress and statistics go to stderr. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cli/generate_text.h"
 #include "kdt/spec.h"
 
 #define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate` without --model */
@@ -54,10 +55,14 @@ static int fail(const char *what, kdt_status s) {
 
 #define USAGE                                                                                           \
     "usage: kdt generate [--model DIR] --prompt-ids 1,2,3 [--prompt-ids ...] --max-new N\n"             \
+    "       kdt generate [--model DIR] --prompt TEXT | --prompt-file F [--max-new N]\n"               \
     "                    [--backend cpu|cuda] [--eos ID] [--spec none|lookup|model]\n"                  \
     "                    [--depth D] [--topk K] [--budget N] [--draft-layers L] [--draft-model DIR]\n"  \
     "  Greedy decoding; the generated ids go to stdout, one line per prompt (several --prompt-ids\n"    \
-    "  decode as one batch). Without --model, the built-in model. --backend: cuda where a CUDA device\n" \
+    "  decode as one batch). --prompt / --prompt-file: text through the model's tokenizer (BOS as its\n" \
+    "  config says); the generated text is printed as it is produced (--max-new default 128, --eos\n"   \
+    "  default the tokenizer's). Without --model, the shipped model (models/" KDT_SHIPPED_MODEL "); --model\n" \
+    "  builtin: a small random built-in model (ids only). --backend: cuda where a CUDA device\n"       \
     "  is present (bf16), else cpu (f32). --eos: a token that ends its request once emitted.\n"         \
     "  --spec: speculative decoding with greedy acceptance, the same output as none, faster when the\n" \
     "  drafter guesses well. lookup: n-grams of the prompt and output so far; model: a draft model\n"   \
@@ -77,6 +82,8 @@ static int usage_error(const char *msg, const char *arg) {
 
 typedef struct opts {
     const char *model_dir, *draft_dir, *spec;
+    const char *prompt_text, *prompt_file; /* a text prompt instead of --prompt-ids */
+    char shipped[4096];
     const char *prompts[MAX_PROMPTS];
     int n_prompts;
     long max_new, depth, topk, budget, draft_layers, eos;
@@ -96,6 +103,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
         if (i + 1 == argc) return usage_error("option needs a value:", a);
         const char *v = argv[++i];
         if (strcmp(a, "--model") == 0) o->model_dir = v;
+        else if (strcmp(a, "--prompt") == 0) o->prompt_text = v;
+        else if (strcmp(a, "--prompt-file") == 0) o->prompt_file = v;
         else if (strcmp(a, "--draft-model") == 0) o->draft_dir = v;
         else if (strcmp(a, "--prompt-ids") == 0) {
             if (o->n_prompts == MAX_PROMPTS) return usage_error("at most 64 --prompt-ids, not more:", v);
@@ -124,8 +133,16 @@ static int parse_opts(int argc, char **argv, opts *o) {
             return usage_error("unknown option", a);
         }
     }
-    if (!o->n_prompts) return usage_error("--prompt-ids is required", NULL);
+    const int text = o->prompt_text || o->prompt_file;
+    if (!o->n_prompts && !text) return usage_error("--prompt-ids, --prompt or --prompt-file is required", NULL);
+    if ((o->n_prompts && text) || (o->prompt_text && o->prompt_file))
+        return usage_error("give one of --prompt-ids, --prompt and --prompt-file", NULL);
+    if (o->max_new < 0 && text) o->max_new = 128;
     if (o->max_new < 0) return usage_error("--max-new is required", NULL);
+    if (o->model_dir && strcmp(o->model_dir, "builtin") == 0) o->model_dir = NULL;
+    else if (!o->model_dir && !(o->model_dir = kdt_cli_shipped_model(o->shipped, sizeof o->shipped)))
+        fprintf(stderr, "kdt generate: no shipped model at %s; using the built-in random model (--model builtin)\n", o->shipped);
+    if (text && !o->model_dir) return usage_error("a text prompt needs a model folder with a tokenizer (--model DIR)", NULL);
     if (o->draft_layers && !o->model_dir) return usage_error("--draft-layers needs --model (the built-in model has no checkpoint to cut)", NULL);
     if (o->draft_layers && o->draft_dir) return usage_error("give --draft-layers or --draft-model, not both", NULL);
     return -1; /* go on */
@@ -163,13 +180,25 @@ int kdt_cmd_generate(int argc, char **argv) {
     int rc = parse_opts(argc, argv, &o);
     if (rc >= 0) return rc;
     rc = 0;
-    const int B = o.n_prompts;
+    const int B = o.n_prompts ? o.n_prompts : 1;
     kdt_spec_request req[MAX_PROMPTS] = {0};
     int32_t *ids[MAX_PROMPTS] = {0};
     kdt_model *m = NULL, *draft = NULL;
     kdt_drafter *dr = NULL;
     int64_t prompt_tokens = 0;
-    for (int b = 0; b < B; b++) {
+    kdt_tokenizer *tok = NULL;
+    kdt_cli_text_out text = {0};
+    if (o.prompt_text || o.prompt_file) {
+        int32_t P = 0;
+        if (kdt_cli_prompt_text("kdt generate", o.model_dir, o.prompt_text, o.prompt_file, &tok, &ids[0], &P)) { rc = 1; goto done; }
+        if (o.eos < 0) o.eos = kdt_tokenizer_eos_id(tok);
+        if (kdt_detok_stream_create(tok, &text.stream) != KDT_OK) { rc = fail("detok stream", KDT_ERR_NOMEM); goto done; }
+        req[0] = (kdt_spec_request){.prompt = ids[0], .prompt_len = P, .max_new = (int32_t)o.max_new,
+                                    .out = malloc(((size_t)o.max_new + 1) * sizeof(int32_t))};
+        prompt_tokens = P;
+        if (!req[0].out) { fprintf(stderr, "kdt generate: out of memory\n"); rc = 1; goto done; }
+    }
+    for (int b = 0; b < B && !tok; b++) {
         int32_t P = 0;
         if (parse_ids(o.prompts[b], &ids[b], &P)) {
             rc = usage_error("--prompt-ids takes comma-separated non-negative integers, not", o.prompts[b]);
@@ -197,18 +226,22 @@ int kdt_cmd_generate(int argc, char **argv) {
     }
     if (s != KDT_OK) { rc = fail("drafter", s); goto done; }
     const kdt_spec_params p = {.depth = (int32_t)o.depth, .topk = (int32_t)o.topk, .budget = (int32_t)o.budget,
-                               .eos = (int32_t)o.eos, .pad_tree = o.backend == KDT_BACKEND_CUDA, .sync_timing = 1};
+                               .eos = (int32_t)o.eos, .pad_tree = o.backend == KDT_BACKEND_CUDA, .sync_timing = 1,
+                               .on_tokens = tok ? kdt_cli_print_tokens : NULL, .user = &text};
     kdt_spec_stats st;
     if ((s = kdt_spec_generate(m, dr, &p, B, req, &st, NULL)) != KDT_OK) { rc = fail("generate", s); goto done; }
+    if (tok && (s = kdt_cli_print_end(&text)) != KDT_OK) { rc = fail("detokenize", s); goto done; }
     int64_t later = 0;
     for (int b = 0; b < B; b++) {
-        for (int32_t i = 0; i < req[b].n_out; i++) printf("%s%d", i ? " " : "", req[b].out[i]);
-        printf("\n");
+        for (int32_t i = 0; i < req[b].n_out && !tok; i++) printf("%s%d", i ? " " : "", req[b].out[i]);
+        if (!tok) printf("\n");
         later += req[b].n_out > 1 ? req[b].n_out - 1 : 0;
     }
     fflush(stdout);
     print_stats(&o, &st, prompt_tokens, later);
 done:
+    kdt_detok_stream_free(text.stream);
+    kdt_tokenizer_free(tok);
     kdt_drafter_free(dr);
     if (draft != m) kdt_model_free(draft);
     kdt_model_free(m);

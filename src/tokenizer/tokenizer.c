@@ -197,8 +197,25 @@ static kdt_status split(enc *e, int level, const uint8_t *p, size_t n) {
     return KDT_OK;
 }
 
-/* lstrip / rstrip swallow ASCII whitespace (tokenizers takes Unicode's; docs/tokenizer.md). */
-static int is_space(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+/* Byte length of the character at p[0 .. n) when it is White_Space (what lstrip / rstrip
+ * swallow, as Rust's char::is_whitespace), else 0. */
+static size_t space_at(const uint8_t *p, size_t n) {
+    int k = tok_utf8_step(p, n);
+    if (k <= 0) return 0;
+    uint32_t c = k == 1 ? p[0] : k == 2 ? (uint32_t)(p[0] & 0x1F) << 6 | (p[1] & 0x3F)
+                 : k == 3 ? (uint32_t)(p[0] & 0x0F) << 12 | (uint32_t)(p[1] & 0x3F) << 6 | (p[2] & 0x3F) : 0;
+    int ws = (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+             c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+    return ws ? (size_t)k : 0;
+}
+
+/* Byte length of the White_Space character that ends just before p[lo] (lo > start; the text
+ * is valid UTF-8), else 0. */
+static size_t space_before(const uint8_t *p, size_t start, size_t lo) {
+    size_t b = lo - 1;
+    while (b > start && (p[b] & 0xC0) == 0x80) b--;
+    return space_at(p + b, lo - b) == lo - b ? lo - b : 0;
+}
 
 /* The added token matched at p (the longest), or NULL. */
 static const tok_added *added_at(const kdt_tokenizer *t, const uint8_t *p, size_t n) {
@@ -217,8 +234,9 @@ static kdt_status encode_text(enc *e, const uint8_t *p, size_t n) {
         const tok_added *a = t->added_first[p[i]] < t->added_first[p[i] + 1] ? added_at(t, p + i, n - i) : NULL;
         if (!a) { i++; continue; }
         size_t lo = i, hi = i + a->len;
-        while (a->lstrip && lo > start && is_space(p[lo - 1])) lo--;
-        while (a->rstrip && hi < n && is_space(p[hi])) hi++;
+        size_t k;
+        while (a->lstrip && lo > start && (k = space_before(p, start, lo))) lo -= k;
+        while (a->rstrip && hi < n && (k = space_at(p + hi, n - hi))) hi += k;
         if (lo > start && (s = split(e, 0, p + start, lo - start)) != KDT_OK) return s;
         if (tok_ids_push(&e->ids, a->id)) return kdt_fail(KDT_ERR_NOMEM, "encode: out of memory");
         start = i = hi;
