@@ -1,6 +1,7 @@
 /* Hugging Face tokenizer.json, byte-level BPE: what is supported is what DeepSeek-V3, GLM and
  * GPT-2 style tokenizers use (docs/tokenizer.md); anything else fails naming the field. */
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,11 +40,10 @@ static kdt_status reserve(hf *h, size_t len) {
 
 /* A token's bytes: its byte-level characters mapped back, or its UTF-8 text when a character is
  * not one of the 256 (what the ByteLevel decoder does with such tokens). */
-static kdt_status token_bytes(hf *h, const char *s, const uint8_t **b, size_t *n, int *mapped) {
+static kdt_status token_bytes(hf *h, const char *s, const uint8_t **b, size_t *n) {
     size_t len = strlen(s);
     if (reserve(h, len) != KDT_OK) return KDT_ERR_NOMEM;
     long k = tok_bytelevel_decode(s, len, h->buf);
-    *mapped = k >= 0;
     *b = k >= 0 ? h->buf : (const uint8_t *)s;
     *n = k >= 0 ? (size_t)k : len;
     return KDT_OK;
@@ -65,7 +65,7 @@ static kdt_status load_pre_tokenizer(hf *h, const cJSON *pt, int *has_bytelevel)
             return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: pre_tokenizer ByteLevel add_prefix_space true is not supported", h->path);
         *has_bytelevel = 1;
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(pt, "use_regex");
-        return r && cJSON_IsFalse(r) ? KDT_OK : tok_compile(h->t, GPT2_PATTERN, 0, "pre_tokenizer ByteLevel (GPT-2 pattern)");
+        return r && cJSON_IsFalse(r) ? KDT_OK : tok_compile(h->t, GPT2_PATTERN, 0, "ByteLevel's GPT-2 pattern");
     }
     if (type && strcmp(type, "Split") == 0) {
         const char *beh = str_of(pt, "behavior");
@@ -76,7 +76,9 @@ static kdt_status load_pre_tokenizer(hf *h, const cJSON *pt, int *has_bytelevel)
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pt, "pattern");
         const char *re = str_of(pat, "Regex"), *lit = str_of(pat, "String");
         if (!re && !lit) return kdt_fail(KDT_ERR_INVALID_ARG, "%s: pre_tokenizer Split pattern has neither Regex nor String", h->path);
-        return tok_compile(h->t, re ? re : lit, !re, "pre_tokenizer Split pattern");
+        char where[600];
+        snprintf(where, sizeof where, "%s: pre_tokenizer Split pattern", h->path);
+        return tok_compile(h->t, re ? re : lit, !re, where);
     }
     return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: pre_tokenizer type '%s' is not supported (Sequence, Split, ByteLevel)", h->path,
                     type ? type : "(missing)");
@@ -211,8 +213,7 @@ kdt_status tok_load_hf(kdt_tokenizer *t, const char *path) {
     cJSON_ArrayForEach(e, vocab) {
         const uint8_t *b;
         size_t n;
-        int mapped;
-        if ((s = token_bytes(&h, e->string, &b, &n, &mapped)) != KDT_OK) goto done;
+        if ((s = token_bytes(&h, e->string, &b, &n)) != KDT_OK) goto done;
         if ((s = tok_vocab_set(t, e->valueint, b, n, 1)) != KDT_OK) goto done;
     }
     if ((s = load_merges(&h, merges)) != KDT_OK) goto done;
@@ -222,8 +223,7 @@ kdt_status tok_load_hf(kdt_tokenizer *t, const char *path) {
         const int32_t id = cJSON_GetObjectItemCaseSensitive(e, "id")->valueint;
         const uint8_t *b;
         size_t n;
-        int mapped;
-        if ((s = token_bytes(&h, content, &b, &n, &mapped)) != KDT_OK) goto done;
+        if ((s = token_bytes(&h, content, &b, &n)) != KDT_OK) goto done;
         if ((s = tok_vocab_set(t, id, b, n, 0)) != KDT_OK) goto done;
         if ((s = tok_add_special(t, content, id, is_true(e, "lstrip"), is_true(e, "rstrip"))) != KDT_OK) goto done;
     }

@@ -3,6 +3,7 @@
  * adjacent parts whose concatenation is a token, lowest rank first: the merge table holds, for
  * every token, each split of it into two tokens. */
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,8 +138,9 @@ kdt_status tok_load_tiktoken(kdt_tokenizer *t, const char *path, const char *con
     if (s != KDT_OK || (s = read_specials(t, config_path, dec, &max_id, 1)) != KDT_OK) goto done;
     t->ignore_merges = 1; /* tiktoken: a piece that is a token is that token */
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(cfg, "pat_str");
-    s = tok_compile(t, cJSON_IsString(pat) ? pat->valuestring : KIMI_PATTERN, 0,
-                    cJSON_IsString(pat) ? "tokenizer_config.json pat_str" : "Kimi K2 split pattern");
+    char where[600];
+    snprintf(where, sizeof where, "%s: %s", config_path, cJSON_IsString(pat) ? "pat_str" : "Kimi K2's split pattern");
+    s = tok_compile(t, cJSON_IsString(pat) ? pat->valuestring : KIMI_PATTERN, 0, where);
 done:
     cJSON_Delete(cfg);
     free(text), free(ctext), free(lines), free(buf);
