@@ -3,6 +3,7 @@
  * and the words its message must have (missing files, bad JSON fields, bad base64, unsupported
  * normalizer / pre-tokenizer / pattern, ids out of range, invalid UTF-8 with its byte offset).
  * python/tests/test_tokenizer.py checks real tokenizers against the Python libraries. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,50 @@ static void refuse(const char *dir, kdt_status want, const char *words, const ch
 #define HF_VOCAB "\"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"ab\": 3, \"abc\": 4, \"\\u0120\": 5, \"\\u0120a\": 6, \"z\": 7}"
 #define HF_PRE "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}"
 
+/* Several threads encode and decode with one tokenizer at once; each must get the serial result. */
+typedef struct job {
+    const kdt_tokenizer *t;
+    const char *text;
+    const int32_t *want;
+    size_t n_want;
+    int ok;
+} job;
+
+static void *encode_many(void *arg) {
+    job *j = arg;
+    j->ok = 1;
+    for (int r = 0; r < 200 && j->ok; r++) {
+        int32_t *ids = NULL;
+        char *back = NULL;
+        size_t n = 0, len = 0;
+        j->ok = kdt_tokenizer_encode(j->t, j->text, strlen(j->text), 0, &ids, &n) == KDT_OK && ids_equal(ids, n, j->want, j->n_want) &&
+                kdt_tokenizer_decode(j->t, ids, n, &back, &len) == KDT_OK && strcmp(back, j->text) == 0;
+        free(ids), free(back);
+    }
+    return NULL;
+}
+
+static void test_threads(const kdt_tokenizer *t) {
+    char text[2048] = "";
+    for (int i = 0; i < 60; i++) strcat(text, i % 3 ? "abc ab<s>c " : "cab  ba z ");
+    int32_t *want = NULL;
+    size_t n = 0;
+    if (!kt_check(kdt_tokenizer_encode(t, text, strlen(text), 0, &want, &n) == KDT_OK, "threads: serial encode")) return;
+    job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (job){t, text, want, n, 0};
+        pthread_create(&th[i], NULL, encode_many, &jobs[i]);
+    }
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ok &= jobs[i].ok;
+    }
+    kt_check(ok, "threads: 4 threads x 200 encode + decode on one tokenizer give the serial ids and text");
+    free(want);
+}
+
 static void test_hf(void) {
     const char *dir = folder("hf", "tokenizer.json",
                              HF_HEAD HF_PRE ", \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", " HF_VOCAB
@@ -92,6 +137,7 @@ static void test_hf(void) {
              kdt_last_error());
     const int32_t negative[] = {-1};
     kt_check(kdt_tokenizer_decode(t, negative, 1, &text, &len) == KDT_ERR_INVALID_ARG, "hf: decode refuses a negative id");
+    test_threads(t);
     kdt_tokenizer_free(t);
 }
 
