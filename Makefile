@@ -16,7 +16,7 @@ CXXFLAGS ?= -O2 -g
 KDT_CXXFLAGS := -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -MMD -MP
 KDT_CFLAGS   := -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
                 -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
-KDT_LDLIBS   := -lm -lpthread -lcjson
+KDT_LDLIBS   := -lm -lpthread -lcjson -lpcre2-8
 
 # sm_90 and sm_120 machine code plus PTX for later chips; Hopper-only kernels (src/cuda/sm90/)
 # are built for sm_90a alone, where wgmma and setmaxnreg exist.
@@ -29,7 +29,7 @@ KDT_NVCCFLAGS := -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 -Xcompiler -fPIC,-
 
 # The library's layers, lowest first: a layer's C files in its folder, its CUDA code in <layer>/cuda/
 # (the ops' CUDA backend is src/cuda/, beside src/cpu/), its CPU-only stubs in <layer>/no_cuda.c.
-LIB_DIRS := src/common src/kdtr src/ops src/cpu src/model src/spec
+LIB_DIRS := src/common src/kdtr src/ops src/cpu src/model src/spec src/tokenizer
 LIB_C   := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/obj/%.o)
 ifeq ($(KDT_CUDA),1)

@@ -11,7 +11,7 @@ if [ -z "${KDT_CUDA:-}" ]; then KDT_CUDA=$([ -n "$NVCC" ] && echo 1 || echo 0); 
 CFLAGS="-O2 -g -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc -D_GNU_SOURCE -DKDT_HAVE_CUDA=$KDT_CUDA"
 NVFLAGS="-O3 -lineinfo -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra --expt-relaxed-constexpr"
 ARCH="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120"
-LIBS="-lm -lpthread"
+LIBS="-lm -lpthread -lpcre2-8"
 pkg-config --exists libcjson 2>/dev/null && LIBS="$LIBS $(pkg-config --libs libcjson)"
 mkdir -p "$BUILD/obj" "$BUILD/tests"
 if [ "$KDT_CUDA" = 1 ]; then
@@ -21,7 +21,7 @@ fi
 
 objs=()
 compile_c() { local o="$BUILD/obj/${1//\//_}.o"; echo "cc   $1"; $CC $CFLAGS -c "$1" -o "$o"; objs+=("$o"); }
-LIB_DIRS="src/common src/kdtr src/ops src/cpu src/model src/spec"  # the layers, as in the Makefile
+LIB_DIRS="src/common src/kdtr src/ops src/cpu src/model src/spec src/tokenizer"  # the layers, as in the Makefile
 for d in $LIB_DIRS; do for f in "$d"/*.c; do [ -e "$f" ] && compile_c "$f"; done; done
 if [ "$KDT_CUDA" = 1 ]; then
     CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}

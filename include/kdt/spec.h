@@ -110,10 +110,10 @@ typedef struct kdt_spec_params {
     int32_t pad_tree;             /* 0: each request verifies num_nodes + 1 rows; 1: always N + 1 rows
                                      (fill rows see only themselves; static shapes) */
     int32_t sync_timing;          /* CUDA: synchronize after each phase so that the split is exact */
-    /* Optional (NULL: none): called on the host for each token a request emits, in order, as
-     * soon as the step that decided it ends; request is the index into reqs. For streaming. */
-    void (*on_token)(void *user, int32_t request, int32_t token);
-    void *user;                   /* on_token's first argument */
+    /* Optional (NULL: none): called on the host for each token as it is emitted, in order, req being
+     * the request's index in reqs; lets a caller stream text before the run ends. */
+    void (*on_tokens)(void *user, int32_t req, const int32_t *toks, int32_t n);
+    void *user;                   /* on_tokens's first argument */
 } kdt_spec_params;
 
 /* Times in seconds, host clock (after a synchronize on CUDA when sync_timing). */

@@ -34,8 +34,8 @@ def test_fixture_continuation(path):
 
 
 def test_builtin_format_and_determinism():
-    a = generate("--prompt-ids", "5,6,7,8", "--max-new", "12")
-    b = generate("--prompt-ids", "5,6,7,8", "--max-new", "12")
+    a = generate("--model", "builtin", "--prompt-ids", "5,6,7,8", "--max-new", "12")
+    b = generate("--model", "builtin", "--prompt-ids", "5,6,7,8", "--max-new", "12")
     assert a.returncode == 0, a.stderr
     ids = [int(t) for t in a.stdout.strip().split(" ")]
     assert len(ids) == 12 and all(0 <= t < 512 for t in ids)

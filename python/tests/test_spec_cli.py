@@ -47,7 +47,7 @@ def test_builtin_batch_lookup_and_model():
         while len(p) < length:
             p.append(p[-4] if rng.random() < 0.7 else rng.randrange(512))
         prompts.append(",".join(map(str, p)))
-    args = [a for p in prompts for a in ("--prompt-ids", p)] + ["--max-new", "24"]
+    args = ["--model", "builtin"] + [a for p in prompts for a in ("--prompt-ids", p)] + ["--max-new", "24"]
     want = generate(*args).stdout
     assert want.count("\n") == 3
     assert generate(*args, "--spec", "lookup", "--depth", "3", "--budget", "6").stdout == want
@@ -62,7 +62,7 @@ def test_builtin_batch_lookup_and_model():
 
 
 def test_refusals_and_help():
-    r = subprocess.run([BIN, "generate", "--prompt-ids", "1,2", "--max-new", "2", "--draft-layers", "2"],
+    r = subprocess.run([BIN, "generate", "--model", "builtin", "--prompt-ids", "1,2", "--max-new", "2", "--draft-layers", "2"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--draft-layers needs --model" in r.stderr
     if FIXTURES:

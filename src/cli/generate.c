@@ -1,12 +1,13 @@
-/* kdt generate (docs/interfaces.md section 3): greedy decoding with the target model, plain or speculative
- * (kdt_spec_generate). Generated ids go to stdout, one line per prompt; progress and statistics
- * go to stderr. */
+/* kdt generate (docs/interfaces.md section 3): decoding with the target model, plain or speculative
+ * (kdt_spec_generate). Generated ids go to stdout, one line per prompt, or with a text prompt the
+ * text as it is produced (generate_text.c); progress and statistics go to stderr. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cli/generate_text.h"
 #include "kdt/spec.h"
 
 #define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate` without --model */
@@ -64,11 +65,15 @@ static int fail(const char *what, kdt_status s) {
 
 #define USAGE                                                                                           \
     "usage: kdt generate [--model DIR] --prompt-ids 1,2,3 [--prompt-ids ...] --max-new N\n"             \
+    "       kdt generate [--model DIR] --prompt TEXT | --prompt-file F [--max-new N]\n"               \
     "                    [--backend cpu|cuda] [--eos ID] [--spec none|lookup|model]\n"                  \
     "                    [--depth D] [--topk K] [--budget N] [--draft-layers L] [--draft-model DIR]\n"  \
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"                       \
     "  Greedy decoding by default; the generated ids go to stdout, one line per prompt (several --prompt-ids\n"    \
-    "  decode as one batch). Without --model, the built-in model. --backend: cuda where a CUDA device\n" \
+    "  decode as one batch). --prompt / --prompt-file: text through the model's tokenizer (BOS as its\n" \
+    "  config says); the generated text is printed as it is produced (--max-new default 128, --eos\n"   \
+    "  default the tokenizer's). Without --model, the shipped model (models/" KDT_SHIPPED_MODEL "); --model\n" \
+    "  builtin: a small random built-in model (ids only). --backend: cuda where a CUDA device\n"       \
     "  is present (bf16), else cpu (f32). --eos: a token that ends its request once emitted.\n"         \
     "  --spec: speculative decoding with greedy acceptance, the same output as none, faster when the\n" \
     "  drafter guesses well. lookup: n-grams of the prompt and output so far; model: a draft model\n"   \
@@ -92,6 +97,8 @@ static int usage_error(const char *msg, const char *arg) {
 
 typedef struct opts {
     const char *model_dir, *draft_dir, *spec;
+    const char *prompt_text, *prompt_file; /* a text prompt instead of --prompt-ids */
+    char shipped[4096];
     const char *prompts[MAX_PROMPTS];
     int n_prompts;
     long max_new, depth, topk, budget, draft_layers, eos, top_k;
@@ -113,6 +120,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
         if (i + 1 == argc) return usage_error("option needs a value:", a);
         const char *v = argv[++i];
         if (strcmp(a, "--model") == 0) o->model_dir = v;
+        else if (strcmp(a, "--prompt") == 0) o->prompt_text = v;
+        else if (strcmp(a, "--prompt-file") == 0) o->prompt_file = v;
         else if (strcmp(a, "--draft-model") == 0) o->draft_dir = v;
         else if (strcmp(a, "--prompt-ids") == 0) {
             if (o->n_prompts == MAX_PROMPTS) return usage_error("at most 64 --prompt-ids, not more:", v);
@@ -152,8 +161,16 @@ static int parse_opts(int argc, char **argv, opts *o) {
             return usage_error("unknown option", a);
         }
     }
-    if (!o->n_prompts) return usage_error("--prompt-ids is required", NULL);
+    const int text = o->prompt_text || o->prompt_file;
+    if (!o->n_prompts && !text) return usage_error("--prompt-ids, --prompt or --prompt-file is required", NULL);
+    if ((o->n_prompts && text) || (o->prompt_text && o->prompt_file))
+        return usage_error("give one of --prompt-ids, --prompt and --prompt-file", NULL);
+    if (o->max_new < 0 && text) o->max_new = 128;
     if (o->max_new < 0) return usage_error("--max-new is required", NULL);
+    if (o->model_dir && strcmp(o->model_dir, "builtin") == 0) o->model_dir = NULL;
+    else if (!o->model_dir && !(o->model_dir = kdt_cli_shipped_model(o->shipped, sizeof o->shipped)))
+        fprintf(stderr, "kdt generate: no shipped model at %s; using the built-in random model (--model builtin)\n", o->shipped);
+    if (text && !o->model_dir) return usage_error("a text prompt needs a model folder with a tokenizer (--model DIR)", NULL);
     if (o->draft_layers && !o->model_dir) return usage_error("--draft-layers needs --model (the built-in model has no checkpoint to cut)", NULL);
     if (o->draft_layers && o->draft_dir) return usage_error("give --draft-layers or --draft-model, not both", NULL);
     return -1; /* go on */
@@ -175,6 +192,7 @@ typedef struct printer {
     const kdt_spec_request *reqs;
     int B, next;              /* next: the first request whose line is not printed yet */
     int32_t eos, *count;      /* count: tokens seen per request */
+    kdt_cli_text_out *text;   /* a text prompt: the text is streamed instead */
 } printer;
 
 static void print_line(const kdt_spec_request *r) {
@@ -182,16 +200,18 @@ static void print_line(const kdt_spec_request *r) {
     printf("\n");
 }
 
-static void on_token(void *user, int32_t b, int32_t tok) {
+static void on_tokens(void *user, int32_t b, const int32_t *toks, int32_t n) {
     printer *pr = user;
-    const int32_t n = ++pr->count[b];
-    if (pr->B == 1) {
-        printf("%s%d", n > 1 ? " " : "", tok);
-        fflush(stdout);
+    if (pr->text) {
+        kdt_cli_print_tokens(pr->text, b, toks, n);
         return;
     }
-    while (pr->next < pr->B && (pr->count[pr->next] == pr->reqs[pr->next].max_new ||
-                                (pr->count[pr->next] && pr->reqs[pr->next].out[pr->count[pr->next] - 1] == pr->eos)))
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t c = ++pr->count[b];
+        if (pr->B == 1) printf("%s%d", c > 1 ? " " : "", toks[i]);
+    }
+    while (pr->B > 1 && pr->next < pr->B && (pr->count[pr->next] == pr->reqs[pr->next].max_new ||
+                                 (pr->count[pr->next] && pr->reqs[pr->next].out[pr->count[pr->next] - 1] == pr->eos)))
         print_line(&pr->reqs[pr->next++]);
     fflush(stdout);
 }
@@ -229,13 +249,27 @@ int kdt_cmd_generate(int argc, char **argv) {
     int rc = parse_opts(argc, argv, &o);
     if (rc >= 0) return rc;
     rc = 0;
-    const int B = o.n_prompts;
+    const int B = o.n_prompts ? o.n_prompts : 1;
     kdt_spec_request req[MAX_PROMPTS] = {0};
     int32_t *ids[MAX_PROMPTS] = {0};
     kdt_model *m = NULL, *draft = NULL;
     kdt_drafter *dr = NULL;
     int64_t prompt_tokens = 0;
-    for (int b = 0; b < B; b++) {
+    kdt_tokenizer *tok = NULL;
+    kdt_cli_text_out text = {0};
+    if (o.prompt_text || o.prompt_file) {
+        int32_t P = 0;
+        if (kdt_cli_prompt_text("kdt generate", o.model_dir, o.prompt_text, o.prompt_file, &tok, &ids[0], &P)) { rc = 1; goto done; }
+        if (o.eos < 0) o.eos = kdt_tokenizer_eos_id(tok);
+        if (kdt_detok_stream_create(tok, &text.stream) != KDT_OK) { rc = fail("detok stream", KDT_ERR_NOMEM); goto done; }
+        req[0] = (kdt_spec_request){.prompt = ids[0], .prompt_len = P, .max_new = (int32_t)o.max_new,
+                                    .out = malloc(((size_t)o.max_new + 1) * sizeof(int32_t)),
+                                    .temperature = (float)o.temperature, .top_k = (int32_t)o.top_k,
+                                    .top_p = (float)o.top_p, .seed = (uint64_t)o.seed};
+        prompt_tokens = P;
+        if (!req[0].out) { fprintf(stderr, "kdt generate: out of memory\n"); rc = 1; goto done; }
+    }
+    for (int b = 0; b < B && !tok; b++) {
         int32_t P = 0;
         if (parse_ids(o.prompts[b], &ids[b], &P)) {
             rc = usage_error("--prompt-ids takes comma-separated non-negative integers, not", o.prompts[b]);
@@ -273,15 +307,17 @@ int kdt_cmd_generate(int argc, char **argv) {
         s = kdt_drafter_model(draft, &dr);
     }
     if (s != KDT_OK) { rc = fail("drafter", s); goto done; }
-    printer pr = {.reqs = req, .B = B, .eos = (int32_t)o.eos, .count = calloc((size_t)B, sizeof(int32_t))};
+    printer pr = {.reqs = req, .B = B, .eos = (int32_t)o.eos, .count = calloc((size_t)B, sizeof(int32_t)),
+                  .text = tok ? &text : NULL};
     if (!pr.count) { fprintf(stderr, "kdt generate: out of memory\n"); rc = 1; goto done; }
     const kdt_spec_params p = {.depth = (int32_t)o.depth, .topk = (int32_t)o.topk, .budget = (int32_t)o.budget,
                                .eos = (int32_t)o.eos, .pad_tree = o.backend == KDT_BACKEND_CUDA, .sync_timing = 1,
-                               .on_token = on_token, .user = &pr};
+                               .on_tokens = on_tokens, .user = &pr};
     kdt_spec_stats st;
     s = kdt_spec_generate(m, dr, &p, B, req, &st, NULL);
-    if (B == 1 && (s == KDT_OK || pr.count[0])) printf("\n");
-    for (; s == KDT_OK && B > 1 && pr.next < B; pr.next++) print_line(&req[pr.next]); /* max_new 0 emits nothing */
+    if (tok && s == KDT_OK) s = kdt_cli_print_end(&text);
+    if (!tok && B == 1 && (s == KDT_OK || pr.count[0])) printf("\n");
+    for (; s == KDT_OK && !tok && B > 1 && pr.next < B; pr.next++) print_line(&req[pr.next]); /* max_new 0 emits nothing */
     fflush(stdout);
     free(pr.count);
     if (s != KDT_OK) { rc = fail("generate", s); goto done; }
@@ -289,6 +325,8 @@ int kdt_cmd_generate(int argc, char **argv) {
     for (int b = 0; b < B; b++) later += req[b].n_out > 1 ? req[b].n_out - 1 : 0;
     print_stats(&o, &st, prompt_tokens, later);
 done:
+    kdt_detok_stream_free(text.stream);
+    kdt_tokenizer_free(tok);
     kdt_drafter_free(dr);
     if (draft != m) kdt_model_free(draft);
     kdt_model_free(m);

@@ -7,6 +7,8 @@
 #include "kdt/ops.h"
 
 int kdt_cmd_generate(int argc, char **argv); /* generate.c */
+int kdt_cmd_tokenize(int argc, char **argv);   /* tokenize.c */
+int kdt_cmd_detokenize(int argc, char **argv); /* tokenize.c */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -18,6 +20,8 @@ static void usage(FILE *f) {
             "  kdt generate [--model DIR] --prompt-ids 1,2,3 --max-new N [--backend cpu|cuda]\n"
             "               [--spec none|lookup|model] [--depth D] [--topk K] [--budget N]\n"
             "                                                        greedy decoding (kdt generate --help)\n"
+            "  kdt tokenize --model DIR [--file F]                   text (F or stdin) -> token ids on one line\n"
+            "  kdt detokenize --model DIR                            token ids on stdin -> text\n"
             "  kdt --help                                            this text\n"
             "\n"
             "options:\n"
@@ -150,6 +154,8 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 2, argv + 2);
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
     if (strcmp(argv[1], "generate") == 0) return kdt_cmd_generate(argc - 2, argv + 2);
+    if (strcmp(argv[1], "tokenize") == 0) return kdt_cmd_tokenize(argc - 2, argv + 2);
+    if (strcmp(argv[1], "detokenize") == 0) return kdt_cmd_detokenize(argc - 2, argv + 2);
     fprintf(stderr, "kdt: unknown command '%s' (see kdt --help)\n", argv[1]);
     return 2;
 }

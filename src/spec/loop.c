@@ -191,8 +191,8 @@ static void push(loop *L, int32_t s, int32_t tok) {
     kdt_spec_request *r = &L->reqs[s];
     L->hist[s][L->hist_len[s]++] = tok;
     r->out[r->n_out++] = tok;
+    if (L->p.on_tokens) L->p.on_tokens(L->p.user, s, &tok, 1);
     if (r->n_out == r->max_new || tok == L->p.eos) L->done[s] = 1;
-    if (L->p.on_token) L->p.on_token(L->p.user, s, tok);
 }
 
 /* The unfinished requests, in slot order. */
