@@ -45,6 +45,8 @@ kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_bac
     m->cfg = *cfg;
     m->backend = backend;
     m->dtype = dtype;
+    const char *flags = getenv("KDT_MODEL_FLAGS");
+    if (flags && *flags) m->flags = (uint32_t)strtoul(flags, NULL, 0) & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS);
     m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
     if (backend == KDT_BACKEND_CUDA) m->dlayers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->dlayers);
     if (!m->layers || (backend == KDT_BACKEND_CUDA && !m->dlayers)) {
@@ -88,6 +90,21 @@ void kdt_model_free(kdt_model *m) {
 const kdt_model_config *kdt_model_get_config(const kdt_model *m) { return m ? &m->cfg : NULL; }
 kdt_backend kdt_model_backend(const kdt_model *m) { return m->backend; }
 kdt_dtype kdt_model_dtype(const kdt_model *m) { return m->dtype; }
+
+kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags) {
+    if (!m) return kdt_fail(KDT_ERR_INVALID_ARG, "model: NULL");
+    if (flags & ~(KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "model: unknown flags 0x%x", (unsigned)(flags & ~(KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)));
+    m->flags = flags;
+    return KDT_OK;
+}
+
+uint32_t kdt_model_flags(const kdt_model *m) { return m ? m->flags : 0; }
+
+void kdt_model_graph_counts(const kdt_model *m, int64_t *replays, int64_t *captures) {
+    *replays = *captures = 0;
+    if (m && m->backend == KDT_BACKEND_CUDA) kdt_cuda_graph_counts(m->ctx, replays, captures);
+}
 
 int kdt_layer_is_moe(const kdt_model_config *c, int32_t layer) {
     return c->n_routed_experts > 0 && layer >= c->first_k_dense_replace && layer % c->moe_layer_freq == 0;

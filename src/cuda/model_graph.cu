@@ -1,0 +1,106 @@
+/* CUDA graphs of the model's forward: a small table from key to executable graph. A key is seen
+ * once (run directly), then captured (thread-local capture mode: a call that is not capturable
+ * fails the capture instead of running), then replayed. The table holds at most kMaxGraphs;
+ * when full it starts over, which only costs captures. */
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/cuda_common.cuh"
+#include "cuda/model_graph.h"
+
+namespace {
+
+constexpr int kMaxGraphs = 64;
+
+enum State { kSeen, kCaptured, kDirect };
+
+struct Entry {
+    int64_t *key;
+    int32_t n_key;
+    State state;
+    cudaGraphExec_t exec;
+};
+
+} // namespace
+
+struct kdt_graphs {
+    Entry e[kMaxGraphs];
+    int n;
+    int64_t replays, captures;
+};
+
+namespace {
+
+Entry *find(kdt_graphs *g, const int64_t *key, int32_t n_key) {
+    for (int i = 0; i < g->n; i++)
+        if (g->e[i].n_key == n_key && !memcmp(g->e[i].key, key, (size_t)n_key * sizeof *key)) return &g->e[i];
+    return nullptr;
+}
+
+/* Captures body on cap into e->exec; false when anything fails (the caller then runs the work
+ * directly, where a real fault shows again). Capture errors are not sticky. */
+bool capture(Entry *e, cudaStream_t cap, kdt_graph_body body, void *arg) {
+    e->exec = nullptr;
+    if (cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const kdt_status s = body(arg, cap);
+    cudaGraph_t graph = nullptr;
+    bool ok = cudaStreamEndCapture(cap, &graph) == cudaSuccess && s == KDT_OK && graph;
+    if (ok && cudaGraphInstantiate(&e->exec, graph, 0) != cudaSuccess) {
+        e->exec = nullptr;
+        ok = false;
+    }
+    if (graph) (void)cudaGraphDestroy(graph);
+    if (!ok) (void)cudaGetLastError();
+    return ok;
+}
+
+} // namespace
+
+kdt_status kdt_graphs_run(kdt_graphs **gp, const int64_t *key, int32_t n_key, cudaStream_t cap, cudaStream_t s,
+                          kdt_graph_body body, void *arg) {
+    if (!*gp && !(*gp = (kdt_graphs *)calloc(1, sizeof(kdt_graphs)))) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");
+    kdt_graphs *g = *gp;
+    Entry *e = find(g, key, n_key);
+    if (!e) {
+        if (g->n == kMaxGraphs) kdt_graphs_clear(g);
+        e = &g->e[g->n];
+        if (!(e->key = (int64_t *)malloc((size_t)n_key * sizeof *key))) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");
+        memcpy(e->key, key, (size_t)n_key * sizeof *key);
+        e->n_key = n_key;
+        e->state = kSeen;
+        e->exec = nullptr;
+        g->n++;
+        return body(arg, s);
+    }
+    if (e->state == kSeen) {
+        const bool made = capture(e, cap, body, arg);
+        e->state = made ? kCaptured : kDirect;
+        if (made) g->captures++;
+    }
+    if (e->state == kDirect) return body(arg, s);
+    KDT_CUDA_CHECK(cudaGraphLaunch(e->exec, s));
+    g->replays++;
+    return KDT_OK;
+}
+
+void kdt_graphs_clear(kdt_graphs *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) {
+        if (g->e[i].exec) (void)cudaGraphExecDestroy(g->e[i].exec);
+        free(g->e[i].key);
+    }
+    g->n = 0;
+}
+
+void kdt_graphs_free(kdt_graphs *g) {
+    kdt_graphs_clear(g);
+    free(g);
+}
+
+void kdt_graphs_counts(const kdt_graphs *g, int64_t *replays, int64_t *captures) {
+    *replays = g ? g->replays : 0;
+    *captures = g ? g->captures : 0;
+}
