@@ -507,10 +507,12 @@ kdt_status compute_on(void *arg, cudaStream_t s) {
     return compute(f);
 }
 
-/* Everything the captured work of f depends on besides its input buffers' contents: the graph's key. */
+/* Everything the captured work of f depends on besides its input buffers' contents: the graph's
+ * key. $KDT_VA_SM90 picks verify_attn's kernel when a call is queued, so it is part of it. */
 int64_t *graph_key(const Fwd &f, int32_t *n_key) {
     const Plan &p = *f.plan;
-    const int32_t L = f.m->cfg.num_hidden_layers, n = 16 + 5 * p.n_calls + L;
+    const int32_t L = f.m->cfg.num_hidden_layers, n = 17 + 5 * p.n_calls + L;
+    const char *va = getenv("KDT_VA_SM90");
     int64_t *k = (int64_t *)malloc((size_t)n * sizeof *k);
     if (!k) return nullptr;
     int32_t i = 0;
@@ -530,6 +532,7 @@ int64_t *graph_key(const Fwd &f, int32_t *n_key) {
     k[i++] = p.n_entries;
     k[i++] = p.mask_bytes;
     k[i++] = p.n_calls;
+    k[i++] = va ? (int64_t)(unsigned char)va[0] << 8 | (va[0] ? (unsigned char)va[1] : 0) : -1; /* values are 1 digit */
     for (int32_t c = 0; c < p.n_calls; c++) {
         const Call &cl = p.calls[c];
         k[i++] = cl.B;
