@@ -99,7 +99,9 @@ KDT_API int32_t    kdt_cache_len(const kdt_cache *c, int32_t req);       /* rows
 KDT_API kdt_status kdt_cache_reset(kdt_cache *c, int32_t req);           /* empties a request */
 KDT_API kdt_status kdt_cache_truncate(kdt_cache *c, int32_t req, int32_t len); /* keeps rows [0, len) */
 
-/* The pieces kdt_kv_commit and verify_attn take, for one layer (backend memory). */
+/* The pieces kdt_kv_commit and verify_attn take, for one layer (backend memory), as of this call:
+ * on CUDA the device block table and lengths are updated here, not by forwards and commits, so take
+ * a new view after the cache changes. */
 typedef struct kdt_cache_layer_view {
     void *kv_cache;              /* [NB, BS, Dqk] */
     kdt_dtype dtype;

@@ -174,12 +174,20 @@ static kdt_status cache_alloc_cuda(kdt_cache *c, uint64_t pool_elems) {
     return s;
 }
 
-/* Copies the block table and lengths to the device after the host changed them. */
+/* After the host changed the block table or lengths: the device copies are brought up to date
+ * by the next kdt_cache_layer, their only reader (the forward and the commit take their rows from
+ * the host), so that a forward does not pay two blocking copies and a device-wide wait. */
 static kdt_status cache_sync(kdt_cache *c) {
-    if (!on_cuda(c)) return KDT_OK;
+    c->dev_stale = on_cuda(c);
+    return KDT_OK;
+}
+
+static kdt_status cache_sync_device(kdt_cache *c) {
     kdt_status s = kdt_dev_h2d(c->d_block_table, c->block_table, (size_t)c->max_requests * c->MB * sizeof(int32_t));
     if (s == KDT_OK) s = kdt_dev_h2d(c->d_kv_len, c->kv_len, (size_t)c->max_requests * sizeof(int32_t));
-    return s == KDT_OK ? kdt_dev_sync() : s; /* landed before work on any stream reads them */
+    if (s == KDT_OK) s = kdt_dev_sync(); /* landed before work on any stream reads them */
+    if (s == KDT_OK) c->dev_stale = 0;
+    return s;
 }
 
 kdt_status kdt_cache_create(const kdt_model *m, int32_t max_requests, int32_t max_len, int32_t num_blocks, kdt_cache **out) {
@@ -283,6 +291,8 @@ kdt_status kdt_cache_layer(const kdt_cache *c, int32_t layer, kdt_cache_layer_vi
     if (!c || layer < 0 || layer >= c->model->cfg.num_hidden_layers)
         return kdt_fail(KDT_ERR_INVALID_ARG, "cache: layer %d out of range", layer);
     const int cuda = on_cuda(c);
+    kdt_status s = c->dev_stale ? cache_sync_device((kdt_cache *)c) : KDT_OK; /* the device copies are a cache of the host's */
+    if (s != KDT_OK) return s;
     *out = (kdt_cache_layer_view){.kv_cache = cuda ? c->dpool[layer] : (void *)c->pool[layer], .dtype = cache_dtype(c),
                                   .NB = c->NB, .BS = KDT_CACHE_BLOCK, .Dqk = c->Dqk, .Dv = c->model->cfg.kv_lora_rank,
                                   .block_table = cuda ? c->d_block_table : c->block_table, .MB = c->MB,
