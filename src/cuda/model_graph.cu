@@ -27,6 +27,7 @@ struct kdt_graphs {
     Entry e[kMaxGraphs];
     int n;
     int64_t replays, captures;
+    cudaEvent_t ev[2];           /* orders a direct run on the capture stream after s, and s after it */
 };
 
 namespace {
@@ -57,6 +58,19 @@ bool capture(Entry *e, cudaStream_t cap, kdt_graph_body body, void *arg) {
     return ok;
 }
 
+/* A shape's first run goes on the capture stream, ordered between the caller's work on s: so the
+ * libraries' one-time setup for that stream (cuBLAS's included) happens outside any capture. */
+kdt_status run_on_cap(kdt_graphs *g, cudaStream_t cap, cudaStream_t s, kdt_graph_body body, void *arg) {
+    for (int i = 0; i < 2; i++)
+        if (!g->ev[i]) KDT_CUDA_CHECK(cudaEventCreateWithFlags(&g->ev[i], cudaEventDisableTiming));
+    KDT_CUDA_CHECK(cudaEventRecord(g->ev[0], s));
+    KDT_CUDA_CHECK(cudaStreamWaitEvent(cap, g->ev[0], 0));
+    const kdt_status st = body(arg, cap);
+    KDT_CUDA_CHECK(cudaEventRecord(g->ev[1], cap));
+    KDT_CUDA_CHECK(cudaStreamWaitEvent(s, g->ev[1], 0));
+    return st;
+}
+
 } // namespace
 
 kdt_status kdt_graphs_run(kdt_graphs **gp, const int64_t *key, int32_t n_key, cudaStream_t cap, cudaStream_t s,
@@ -73,7 +87,7 @@ kdt_status kdt_graphs_run(kdt_graphs **gp, const int64_t *key, int32_t n_key, cu
         e->state = kSeen;
         e->exec = nullptr;
         g->n++;
-        return body(arg, s);
+        return run_on_cap(g, cap, s, body, arg);
     }
     if (e->state == kSeen) {
         const bool made = capture(e, cap, body, arg);
@@ -97,6 +111,8 @@ void kdt_graphs_clear(kdt_graphs *g) {
 
 void kdt_graphs_free(kdt_graphs *g) {
     kdt_graphs_clear(g);
+    for (int i = 0; g && i < 2; i++)
+        if (g->ev[i]) (void)cudaEventDestroy(g->ev[i]);
     free(g);
 }
 
