@@ -392,7 +392,8 @@ kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
 }
 
 /* Routed experts then the shared ones: u.hn (dt) and u.hf (f32, the router's input) in, x += out.
- * The rows of each expert are gathered next to each other, so that an expert is two GEMMs. */
+ * f.moe_small: model_moe.cu's two kernels read the grouping on the device. Else the rows of each
+ * expert are gathered next to each other, so that an expert is two GEMMs sized on the host. */
 kdt_status moe(Fwd &f, int32_t l) {
     const Dims &d = f.d;
     const Bufs &u = f.u;
