@@ -158,8 +158,9 @@ static void check_model(kdt_model *m, const char *name, kdt_dtype dt, int32_t B)
     kt_check(same_bits(dev, dev2, n), "%s: device MoE, run to run: identical bits", what);
     kt_check(same_bits(gr, dev, n), "%s: graphs (host logits) = device MoE without graphs, bit for bit", what);
     kt_check(same_bits(grd, dev, n), "%s: graphs (device logits) = device MoE without graphs, bit for bit", what);
-    kt_check(rep1 - rep0 >= 2 * (STEPS - 2) && cap1 > cap0, "%s: %lld forwards replayed from %lld captured graphs", what,
-             (long long)(rep1 - rep0), (long long)(cap1 - cap0));
+    kt_check(rep1 - rep0 >= 2 * (STEPS - 2) && cap1 > cap0, "%s: %lld forwards replayed from %lld captured graphs%s%s", what,
+             (long long)(rep1 - rep0), (long long)(cap1 - cap0), cap1 > cap0 ? "" : "; last error: ",
+             cap1 > cap0 ? "" : kdt_last_error());
     if (plain && dev) {
         const double tol = dt == KDT_BF16 ? 2e-2 : 1e-4;
         double worst, median;

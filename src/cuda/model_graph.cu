@@ -39,23 +39,26 @@ Entry *find(kdt_graphs *g, const int64_t *key, int32_t n_key) {
 }
 
 /* Captures body on cap into e->exec; false when anything fails (the caller then runs the work
- * directly, where a real fault shows again). Capture errors are not sticky. */
+ * directly, where a real fault shows again; kdt_last_error says why the capture failed). Capture
+ * errors are not sticky. */
 bool capture(Entry *e, cudaStream_t cap, kdt_graph_body body, void *arg) {
     e->exec = nullptr;
-    if (cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    const kdt_status s = body(arg, cap);
+    cudaError_t eb = cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal), ee = cudaSuccess, ei = cudaSuccess;
+    kdt_status s = KDT_OK;
     cudaGraph_t graph = nullptr;
-    bool ok = cudaStreamEndCapture(cap, &graph) == cudaSuccess && s == KDT_OK && graph;
-    if (ok && cudaGraphInstantiate(&e->exec, graph, 0) != cudaSuccess) {
-        e->exec = nullptr;
-        ok = false;
+    if (eb == cudaSuccess) {
+        s = body(arg, cap);
+        ee = cudaStreamEndCapture(cap, &graph);
+        if (s == KDT_OK && ee == cudaSuccess && graph && (ei = cudaGraphInstantiate(&e->exec, graph, 0)) != cudaSuccess)
+            e->exec = nullptr;
+        if (graph) (void)cudaGraphDestroy(graph);
     }
-    if (graph) (void)cudaGraphDestroy(graph);
-    if (!ok) (void)cudaGetLastError();
-    return ok;
+    if (e->exec) return true;
+    (void)cudaGetLastError();
+    if (s == KDT_OK)
+        (void)kdt_fail(KDT_ERR_CUDA, "forward graph not captured: begin %s, end %s, instantiate %s", cudaGetErrorString(eb),
+                       cudaGetErrorString(ee), cudaGetErrorString(ei));
+    return false;
 }
 
 /* A shape's first run goes on the capture stream, ordered between the caller's work on s: so the
