@@ -6,7 +6,8 @@
 #   OUT=/tmp/out bash scripts/gpu_forward.sh
 # Baseline: where base-build/ holds the previous commit's build (bench/bench_model, bench/bench_spec,
 # kdt), they run beside the new ones with the same arguments. Flags: KDT_MODEL_FLAGS=0 is the old
-# path; 3 is the device MoE plus graphs (include/kdt/model.h). Every step prints one line:
+# path; 3 is the device MoE plus graphs; 7 adds the small-batch projections (include/kdt/model.h).
+# DEADLINE=560 leaves room for every step. Every step prints one line:
 #   PASS|FAIL|SKIP  <step> (exit, seconds) [figures]
 # and its log is $OUT/logs/<step>.log; the last line counts them.
 set -u
@@ -63,7 +64,7 @@ step test_model_graph 90 "$T/test_model_graph"
 test_counts test_model_graph
 
 # 2. bench_model: the old path, the new path, the previous commit.
-for f in 0 3; do
+for f in 0 3 7; do
     KDT_MODEL_FLAGS=$f step "bench_model_flags$f" 90 "$B/bench_model" --out "$OUT/bench_model_flags$f.md" &&
         grep -E '^\| +(1|8|32) \|' "$OUT/bench_model_flags$f.md" | sed "s/^/      flags $f /" | tee -a "$OUT/summary.txt"
 done
@@ -80,6 +81,7 @@ gen() { # gen NAME KDT FLAGS
 }
 gen generate_flags0 "$BUILD/kdt" 0 && g0=1
 gen generate_flags3 "$BUILD/kdt" 3 && g3=1
+gen generate_flags7 "$BUILD/kdt" 7
 [ -x base-build/kdt ] && gen generate_base base-build/kdt 0
 if [ -n "${g0:-}" ] && [ -n "${g3:-}" ]; then
     o0=$(grep -v '^kdt generate' "$LOGS/generate_flags0.log" | md5sum) o3=$(grep -v '^kdt generate' "$LOGS/generate_flags3.log" | md5sum)

@@ -6,9 +6,10 @@
  * row in the MoE kernels, partial column tiles):
  * - run to run: the same sequence twice gives the same bits (plain, device MoE, graphs);
  * - graphs replay the device-MoE forward bit for bit, with logits in host or device memory, and
- *   replays did happen;
- * - the device MoE against the cuBLAS MoE: every row within 1e-4 relative L2 in f32; in bf16 the
- *   median row within 2e-2 (another summation order can flip a router near-tie: test_model_cuda.c). */
+ *   with the small-batch projections (KDT_MODEL_GEMV), and replays did happen;
+ * - the device MoE, and the device MoE with the small-batch projections, against cuBLAS: every row
+ *   within 1e-4 relative L2 in f32; in bf16 the median row within 2e-2 (another summation order
+ *   can flip a router near-tie: test_model_cuda.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,24 +155,32 @@ static void check_model(kdt_model *m, const char *name, kdt_dtype dt, int32_t B)
     kdt_model_graph_counts(m, &rep0, &cap0);
     float *gr = run_seq(m, KDT_MODEL_GRAPHS, &q, 0, what), *grd = run_seq(m, KDT_MODEL_GRAPHS, &q, 1, what);
     kdt_model_graph_counts(m, &rep1, &cap1);
+    float *gv = run_seq(m, KDT_MODEL_MOE_DEVICE | KDT_MODEL_GEMV, &q, 0, what);
+    float *gvg = run_seq(m, KDT_MODEL_GRAPHS | KDT_MODEL_GEMV, &q, 1, what);
     kt_check(same_bits(plain, plain2, n), "%s: cuBLAS MoE path, run to run: identical bits", what);
     kt_check(same_bits(dev, dev2, n), "%s: device MoE, run to run: identical bits", what);
     kt_check(same_bits(gr, dev, n), "%s: graphs (host logits) = device MoE without graphs, bit for bit", what);
     kt_check(same_bits(grd, dev, n), "%s: graphs (device logits) = device MoE without graphs, bit for bit", what);
+    kt_check(same_bits(gvg, gv, n), "%s: small-batch projections: graphs = without graphs, bit for bit", what);
     kt_check(rep1 - rep0 >= 2 * (STEPS - 2) && cap1 > cap0, "%s: %lld forwards replayed from %lld captured graphs%s%s", what,
              (long long)(rep1 - rep0), (long long)(cap1 - cap0), cap1 > cap0 ? "" : "; last error: ",
              cap1 > cap0 ? "" : kdt_last_error());
-    if (plain && dev) {
+    const float *got[2] = {dev, gv};
+    const char *names[2] = {"device MoE", "device MoE + small-batch projections"};
+    for (int k = 0; k < 2 && plain; k++) {
+        if (!got[k]) continue;
         const double tol = dt == KDT_BF16 ? 2e-2 : 1e-4;
         double worst, median;
         size_t above;
-        rows_err(dev, plain, rows, (size_t)q.V, tol, &worst, &median, &above);
+        rows_err(got[k], plain, rows, (size_t)q.V, tol, &worst, &median, &above);
         if (dt == KDT_BF16)
-            kt_check(median <= tol, "%s: device MoE vs cuBLAS MoE: median row %.2e (<= %.0e), worst %.2e, %zu of %zu rows above",
-                     what, median, tol, worst, above, rows);
+            kt_check(median <= tol, "%s: %s vs cuBLAS: median row %.2e (<= %.0e), worst %.2e, %zu of %zu rows above", what,
+                     names[k], median, tol, worst, above, rows);
         else
-            kt_check(above == 0, "%s: device MoE vs cuBLAS MoE: worst row %.2e (<= %.0e), median %.2e", what, worst, tol, median);
+            kt_check(above == 0, "%s: %s vs cuBLAS: worst row %.2e (<= %.0e), median %.2e", what, names[k], worst, tol, median);
     }
+    free(gv);
+    free(gvg);
     free(plain);
     free(plain2);
     free(dev);

@@ -81,6 +81,8 @@ KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (
  *     results bit for bit. */
 #define KDT_MODEL_MOE_DEVICE 1u
 #define KDT_MODEL_GRAPHS 2u
+#define KDT_MODEL_GEMV 4u  /* the projections (q_b, o, dense MLPs, LM head) of batches of at most 16 rows
+                              in the device MoE's kernel instead of cuBLAS: an experiment, deterministic */
 KDT_API kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags);
 KDT_API uint32_t   kdt_model_flags(const kdt_model *m);
 /* Forwards replayed from a graph and graphs captured so far (0 on the CPU). */

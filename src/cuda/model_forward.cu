@@ -46,8 +46,10 @@
 #define BLAS_WS_BYTES (32u << 20)
 
 /* MoE layers run the small-batch kernels while the mean rows per expert stay at or below this
- * (model_moe.cu stages 16 rows per pass). */
+ * (model_moe.cu stages 16 rows per pass); with KDT_MODEL_GEMV, projections of at most this many
+ * rows run them too. */
 #define MOE_SMALL_ROWS_PER_EXPERT 16
+#define GEMV_MAX_ROWS 16
 
 struct kdt_cuda_ctx {
     cublasHandle_t blas;
@@ -328,9 +330,18 @@ struct Fwd {
     Bufs u;
     cudaStream_t s;
     bool moe_small;              /* MoE layers run model_moe.cu's kernels: no host wait */
+    bool gemv;                   /* projections run model_moe.cu's small-batch kernel (KDT_MODEL_GEMV) */
     bool all;                    /* logits of every row (else of each request's last row) */
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
 };
+
+/* y [M, N] f32 (+)= x [M, K] (dt) . W^T, W [N, K] (dt), all contiguous: gemm(), or model_moe.cu's
+ * small-batch kernel when f.gemv. */
+kdt_status proj(Fwd &f, int64_t M, int64_t N, int64_t K, const void *W, const void *x, float *y, float beta) {
+    if (f.gemv && M <= GEMV_MAX_ROWS && K % 8 == 0 && N <= INT_MAX && K <= INT_MAX)
+        return kdt_mk_dense_small((int32_t)M, x, W, (int32_t)K, (int32_t)N, 0, y, beta != 0.0f, f.d.dt, f.s);
+    return gemm(f.x->blas, M, N, K, W, f.d.ct, K, x, f.d.ct, K, y, CUDA_R_32F, N, beta);
+}
 
 /* MLA attention of layer l: u.hn [R, hidden] in, x += o_proj(attention). */
 kdt_status attention(Fwd &f, int32_t l) {
@@ -345,8 +356,7 @@ kdt_status attention(Fwd &f, int32_t l) {
     int64_t q_ld = d.Wa;
     if (d.ql) {
         TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
-        TRY(gemm(h, d.R, (int64_t)d.H * d.qk, d.ql, L->q_b, d.ct, d.ql, u.qa, d.ct, d.ql, u.q, CUDA_R_32F, (int64_t)d.H * d.qk,
-                 0.0f));
+        TRY(proj(f, d.R, (int64_t)d.H * d.qk, d.ql, L->q_b, u.qa, u.q, 0.0f));
         q = u.q;
         q_ld = (int64_t)d.H * d.qk;
     }
@@ -378,17 +388,20 @@ kdt_status attention(Fwd &f, int32_t l) {
         TRY(kdt_verify_attn(&p, KDT_BACKEND_CUDA, f.s));
     }
     TRY(apply_values(h, d, L->kv_b, u.olat, u.ov));
-    const int64_t hv = (int64_t)d.H * d.vd;
-    return gemm(h, d.R, d.hid, hv, L->o, d.ct, hv, u.ov, d.ct, hv, u.x, CUDA_R_32F, d.hid, 1.0f);
+    return proj(f, d.R, d.hid, (int64_t)d.H * d.vd, L->o, u.ov, u.x, 1.0f);
 }
 
 /* A SiLU-gated MLP on the rows u.hn [R, hidden] (dt): x += down(silu(gate hn) * up hn). */
 kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
     const Dims &d = f.d;
     const int64_t I = w->inter;
-    TRY(gemm(f.x->blas, d.R, 2 * I, d.hid, w->gate_up, d.ct, d.hid, f.u.hn, d.ct, d.hid, f.u.gu, CUDA_R_32F, 2 * I, 0.0f));
-    TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
-    return gemm(f.x->blas, d.R, d.hid, I, w->down, d.ct, I, f.u.act, d.ct, I, f.u.x, CUDA_R_32F, d.hid, 1.0f);
+    if (f.gemv && d.R <= GEMV_MAX_ROWS && d.hid % 8 == 0)
+        TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up, d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
+    else {
+        TRY(gemm(f.x->blas, d.R, 2 * I, d.hid, w->gate_up, d.ct, d.hid, f.u.hn, d.ct, d.hid, f.u.gu, CUDA_R_32F, 2 * I, 0.0f));
+        TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
+    }
+    return proj(f, d.R, d.hid, I, w->down, f.u.act, f.u.x, 1.0f);
 }
 
 /* Routed experts then the shared ones: u.hn (dt) and u.hf (f32, the router's input) in, x += out.
@@ -497,8 +510,7 @@ kdt_status compute(Fwd &f) {
     if (f.log_out && !f.all)
         TRY(kdt_mk_rmsnorm(u.x, d.hid, u.last, d.RL, d.hid, m->d_final_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt,
                            f.s));
-    if (f.log_out)
-        TRY(gemm(f.x->blas, d.RL, d.V, d.hid, m->d_lm_head, d.ct, d.hid, u.hn, d.ct, d.hid, f.log_out, CUDA_R_32F, d.V, 0.0f));
+    if (f.log_out) TRY(proj(f, d.RL, d.V, d.hid, m->d_lm_head, u.hn, f.log_out, 0.0f));
     return KDT_OK;
 }
 
@@ -561,6 +573,7 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     const int64_t I = m->cfg.moe_intermediate_size;
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
                   d.R * d.K <= (int64_t)MOE_SMALL_ROWS_PER_EXPERT * d.E;
+    f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
     f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;

@@ -1,6 +1,7 @@
 /* The MoE's routed experts for small batches (decode, verification): one kernel per product
  * that streams each active expert's weights once for all the rows routed to it, reading the
- * routing (perm, counts, offsets from kdt_mk_moe_plan) from device memory. The grid is fixed by
+ * routing (perm, counts, offsets from kdt_mk_moe_plan) from device memory. The same kernel with
+ * one "expert" of all the rows is the small-batch product of the dense projections. The grid is fixed by
  * the shapes alone (experts x output tiles), blocks of an expert with no rows exit at once, so
  * the host never waits for the counts and the launch can be captured in a CUDA graph.
  *
@@ -50,20 +51,22 @@ template <typename T> __device__ __forceinline__ void store8(T *dst, const T *sr
         ((float4 *)dst)[1] = ((const float4 *)src)[1];
     }
 }
-/* kGateUp: w [E, 2I, n_in] (gate rows, then up rows), input rows x[perm[p] / K] of x [*, n_in],
- * out act [n, I] (T) = silu(gate) * up at each assignment's place p; columns I, a warp computes
- * gate and up of kW / 2 columns. Else: w [E, n_out, n_in], input rows act[p] of [n, n_in], out
- * ye [n, n_out] f32; a warp computes kW columns. n_in % 8 == 0. */
+/* kGateUp: w [E, 2I, n_in] (gate rows, then up rows), input rows x[perm[p] / K] of x [*, n_in]
+ * (row p without perm), out act [n, I] (T) = silu(gate) * up at each assignment's place p;
+ * columns I, a warp computes gate and up of kW / 2 columns. Else: w [E, n_out, n_in], input rows
+ * in[p] of [n, n_in], out [n, n_out] f32 (added to when accumulate); a warp computes kW columns.
+ * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. */
 template <typename T, bool kGateUp, int kRows>
 __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1) moe_small_kernel(const T *__restrict__ in, const int32_t *__restrict__ perm, int K,
                                                              const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
-                                                             const T *__restrict__ w, int n_in, int n_out, void *out) {
+                                                             const T *__restrict__ w, int n_in, int n_out, void *out,
+                                                             int dense_rows, bool accumulate) {
     constexpr int kChunk = kChunkBytes / (int)sizeof(T); /* elements of a staged row */
     constexpr int kColsPerWarp = kGateUp ? kW / 2 : kW;
     __shared__ __align__(16) T xs[kRows * kChunk];
-    const int e = blockIdx.y, cnt = counts[e];
+    const int e = blockIdx.y, cnt = counts ? counts[e] : dense_rows;
     if (cnt == 0) return;
-    const int off = offs[e], warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int off = counts ? offs[e] : 0, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int col0 = (blockIdx.x * kWarps + warp) * kColsPerWarp;
     const size_t rows_w = kGateUp ? 2 * (size_t)n_out : (size_t)n_out;
     const T *we = w + (size_t)e * rows_w * n_in;
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
                 const int r = v / (kChunk / 8), i = (v % (kChunk / 8)) * 8;
                 if (i >= len) continue;
                 const int p = off + r0 + r;
-                const size_t src_row = kGateUp ? (size_t)(perm[p] / K) : (size_t)p;
+                const size_t src_row = kGateUp && perm ? (size_t)(perm[p] / K) : (size_t)p;
                 store8(xs + r * kChunk + i, in + src_row * n_in + c0 + i);
             }
             __syncthreads();
@@ -125,7 +128,8 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
                 if (kGateUp) {
                     if (q & 1) ((T *)out)[p * n_out + col0 + q / 2] = from_f32<T>(silu(acc[q - 1][r]) * acc[q][r]);
                 } else {
-                    ((float *)out)[p * n_out + col0 + q] = acc[q][r];
+                    float *o = (float *)out + p * n_out + col0 + q;
+                    *o = accumulate ? *o + acc[q][r] : acc[q][r];
                 }
             }
         }
@@ -139,12 +143,36 @@ kdt_status launch(const void *x, const int32_t *perm, int32_t K, const int32_t *
                   const void *w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
     moe_small_kernel<T, true, kRows><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), (unsigned)E), kThreads, 0, s>>>(
-        (const T *)x, perm, K, counts, offs, (const T *)w_gu, hid, I, act);
+        (const T *)x, perm, K, counts, offs, (const T *)w_gu, hid, I, act, 0, false);
     KDT_CUDA_CHECK_LAUNCH("moe_small gate_up");
     moe_small_kernel<T, false, kRows><<<dim3((unsigned)((hid + down_cols - 1) / down_cols), (unsigned)E), kThreads, 0, s>>>(
-        (const T *)act, perm, K, counts, offs, (const T *)w_down, I, hid, ye);
+        (const T *)act, perm, K, counts, offs, (const T *)w_down, I, hid, ye, 0, false);
     KDT_CUDA_CHECK_LAUNCH("moe_small down");
     return KDT_OK;
+}
+
+template <typename T, int kRows>
+kdt_status launch_dense(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y, int accumulate,
+                        cudaStream_t s) {
+    if (gate_up) {
+        const int cols = kWarps * kW / 2;
+        moe_small_kernel<T, true, kRows><<<(unsigned)((N + cols - 1) / cols), kThreads, 0, s>>>(
+            (const T *)x, nullptr, 1, nullptr, nullptr, (const T *)w, K, N, y, R, false);
+    } else {
+        const int cols = kWarps * kW;
+        moe_small_kernel<T, false, kRows><<<(unsigned)((N + cols - 1) / cols), kThreads, 0, s>>>(
+            (const T *)x, nullptr, 1, nullptr, nullptr, (const T *)w, K, N, y, R, accumulate != 0);
+    }
+    KDT_CUDA_CHECK_LAUNCH("dense_small");
+    return KDT_OK;
+}
+
+template <typename T>
+kdt_status dense_rows(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y, int accumulate,
+                      cudaStream_t s) {
+    if (R <= 1) return launch_dense<T, 1>(R, x, w, K, N, gate_up, y, accumulate, s);
+    if (R <= 4) return launch_dense<T, 4>(R, x, w, K, N, gate_up, y, accumulate, s);
+    return launch_dense<T, kMaxRows>(R, x, w, K, N, gate_up, y, accumulate, s);
 }
 
 template <typename T>
@@ -157,6 +185,14 @@ kdt_status launch_rows(int64_t R, const void *x, const int32_t *perm, int32_t K,
 }
 
 } // namespace
+
+extern "C" kdt_status kdt_mk_dense_small(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y,
+                                         int accumulate, kdt_dtype dt, cudaStream_t s) {
+    if (R < 1 || K % 8 != 0) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: small-batch product of %d rows, K = %d", R, K);
+    if (dt == KDT_BF16) return dense_rows<bf16>(R, x, w, K, N, gate_up, y, accumulate, s);
+    if (dt == KDT_F32) return dense_rows<float>(R, x, w, K, N, gate_up, y, accumulate, s);
+    return kdt_fail(KDT_ERR_DTYPE, "model cuda: activation dtype %s, expected f32 or bf16", kdt_dtype_name(dt));
+}
 
 extern "C" int kdt_mk_moe_small_fits(int32_t hid, int32_t I) { return hid % 8 == 0 && I % 8 == 0 && hid > 0 && I > 0; }
 

@@ -80,7 +80,7 @@ struct kdt_model {
     void **dallocs;                            /* every device buffer the model owns */
     size_t n_dallocs, cap_dallocs;
     struct kdt_cuda_ctx *ctx;                  /* made by the first CUDA forward */
-    uint32_t flags;                            /* KDT_MODEL_MOE_DEVICE, KDT_MODEL_GRAPHS */
+    uint32_t flags;                            /* KDT_MODEL_MOE_DEVICE, KDT_MODEL_GRAPHS, KDT_MODEL_GEMV */
 };
 
 struct kdt_cache {

@@ -16,6 +16,8 @@
 #define CUDA_MAX_TOPK 64
 #define CUDA_MAX_DV 512
 
+#define KNOWN_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_GEMV)
+
 static kdt_status check_cuda(const kdt_model_config *c, kdt_dtype dtype) {
     if (dtype != KDT_BF16 && dtype != KDT_F32)
         return kdt_fail(KDT_ERR_DTYPE, "model: the CUDA backend computes in bf16 or f32, not %s", kdt_dtype_name(dtype));
@@ -46,7 +48,7 @@ kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_bac
     m->backend = backend;
     m->dtype = dtype;
     const char *flags = getenv("KDT_MODEL_FLAGS");
-    if (flags && *flags) m->flags = (uint32_t)strtoul(flags, NULL, 0) & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS);
+    if (flags && *flags) m->flags = (uint32_t)strtoul(flags, NULL, 0) & KNOWN_FLAGS;
     m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
     if (backend == KDT_BACKEND_CUDA) m->dlayers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->dlayers);
     if (!m->layers || (backend == KDT_BACKEND_CUDA && !m->dlayers)) {
@@ -93,8 +95,8 @@ kdt_dtype kdt_model_dtype(const kdt_model *m) { return m->dtype; }
 
 kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags) {
     if (!m) return kdt_fail(KDT_ERR_INVALID_ARG, "model: NULL");
-    if (flags & ~(KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS))
-        return kdt_fail(KDT_ERR_INVALID_ARG, "model: unknown flags 0x%x", (unsigned)(flags & ~(KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)));
+    if (flags & ~KNOWN_FLAGS)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "model: unknown flags 0x%x", (unsigned)(flags & ~KNOWN_FLAGS));
     m->flags = flags;
     return KDT_OK;
 }
