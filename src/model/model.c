@@ -17,6 +17,9 @@
 #define CUDA_MAX_DV 512
 
 #define KNOWN_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_GEMV)
+/* A model's flags without $KDT_MODEL_FLAGS: none until a GPU run has passed tests/test_model_graph
+ * (then KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS). */
+#define DEFAULT_FLAGS 0u
 
 static kdt_status check_cuda(const kdt_model_config *c, kdt_dtype dtype) {
     if (dtype != KDT_BF16 && dtype != KDT_F32)
@@ -48,7 +51,7 @@ kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_bac
     m->backend = backend;
     m->dtype = dtype;
     const char *flags = getenv("KDT_MODEL_FLAGS");
-    if (flags && *flags) m->flags = (uint32_t)strtoul(flags, NULL, 0) & KNOWN_FLAGS;
+    m->flags = flags && *flags ? (uint32_t)strtoul(flags, NULL, 0) & KNOWN_FLAGS : DEFAULT_FLAGS;
     m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
     if (backend == KDT_BACKEND_CUDA) m->dlayers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->dlayers);
     if (!m->layers || (backend == KDT_BACKEND_CUDA && !m->dlayers)) {
