@@ -14,7 +14,10 @@
  * Times are CUDA events around kdt_model_forward on a stream of its own (the call returns once
  * its logits are on the host), the median of --reps runs after a warm-up; tokens/s counts the
  * rows the forward turns into cache rows (prefill, decode) or the rows verified. Memory: device
- * memory in use after loading the model and the peak after the runs. */
+ * memory in use after loading the model and the peak after the runs. Floors (decode, verify): the
+ * bytes of every weight the forward reads, each once, routed experts counted as min(E, rows x
+ * top-k) per MoE layer, over kPeakBw (the H200's HBM3e); the cache's few MB are left out. The
+ * forward's options come from $KDT_MODEL_FLAGS (include/kdt/model.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +43,7 @@ const char *kKimiDims =
 
 constexpr int kBatches[] = {1, 8, 32};
 constexpr int kMaxB = 32, kTree = 16;
+constexpr double kPeakBw = 4.8e12; /* bytes/s */
 
 FILE *g_out;
 
@@ -86,6 +90,27 @@ float timed(Bench &b, int B, int n, const int32_t *pos, const uint8_t *mask) {
     return ms;
 }
 
+/* Bytes of weights a forward over `rows` rows reads at least (see the header). */
+double floor_bytes(const kdt_model *m, int64_t rows) {
+    const kdt_model_config *c = kdt_model_get_config(m);
+    const double es = kdt_dtype_size(kdt_model_dtype(m)), hid = c->hidden_size, H = c->num_attention_heads;
+    const double qk = c->qk_nope_head_dim + c->qk_rope_head_dim, Dqk = c->kv_lora_rank + c->qk_rope_head_dim;
+    const double qw = c->q_lora_rank ? c->q_lora_rank : H * qk;
+    double attn = (qw + Dqk) * hid + H * (c->qk_nope_head_dim + c->v_head_dim) * c->kv_lora_rank + hid * H * c->v_head_dim;
+    if (c->q_lora_rank) attn += H * qk * c->q_lora_rank;
+    double total = (double)c->vocab_size * hid + (double)rows * hid; /* LM head, embedding rows */
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        total += attn;
+        if (!kdt_layer_is_moe(c, l)) {
+            total += 3.0 * c->intermediate_size * hid;
+            continue;
+        }
+        const int64_t E = c->n_routed_experts, used = rows * c->num_experts_per_tok < E ? rows * c->num_experts_per_tok : E;
+        total += 3.0 * c->moe_intermediate_size * hid * ((double)used + c->n_shared_experts) + E * hid * 4.0 / es;
+    }
+    return total * es;
+}
+
 void reset(Bench &b, int B) {
     for (int i = 0; i < B; i++) KCK(kdt_cache_reset(b.c, b.req[i]));
 }
@@ -124,9 +149,9 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
     uint8_t *mask = (uint8_t *)malloc((size_t)kMaxB * kTree * kTree);
     float *t = (float *)malloc((size_t)(reps > D ? reps : D) * sizeof(float));
     bench_emit(g_out, "\n## %s: %.2f GB of weights\n\n", name, weights_gb);
-    bench_emit(g_out,
-               "|  B | prefill tokens | prefill ms | prefill tok/s | decode ms | decode tok/s | verify ms | verify rows/s |\n");
-    bench_emit(g_out, "|---|---|---|---|---|---|---|---|\n");
+    bench_emit(g_out, "|  B | prefill tokens | prefill ms | prefill tok/s | decode ms | decode tok/s | verify ms | verify rows/s "
+                      "| decode floor ms | x floor | verify floor ms | x floor |\n");
+    bench_emit(g_out, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int bi = 0; bi < (int)(sizeof kBatches / sizeof kBatches[0]); bi++) {
         const int B = kBatches[bi];
         /* Warm-up: scratch sized and cuBLAS's choices made for this batch. */
@@ -149,9 +174,17 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
             for (int r = 0; r < B; r++) KCK(kdt_cache_truncate(b.c, b.req[r], keep));
         }
         const float verify = bench_median(t, D);
-        bench_emit(g_out, "| %2d | %6d | %9.2f | %10.0f | %8.3f | %8.0f | %8.3f | %9.0f |\n", B, B * P, prefill,
-                   B * P / (prefill * 1e-3), decode, B / (decode * 1e-3), verify, B * kTree / (verify * 1e-3));
+        const double dfloor = floor_bytes(b.m, B) / kPeakBw * 1e3, vfloor = floor_bytes(b.m, (int64_t)B * kTree) / kPeakBw * 1e3;
+        bench_emit(g_out, "| %2d | %6d | %9.2f | %10.0f | %8.3f | %8.0f | %8.3f | %9.0f | %7.3f | %5.2f | %7.3f | %5.2f |\n", B, B * P,
+                   prefill, B * P / (prefill * 1e-3), decode, B / (decode * 1e-3), verify, B * kTree / (verify * 1e-3), dfloor,
+                   decode / dfloor, vfloor, verify / vfloor);
     }
+    int64_t replays = 0, captures = 0;
+    kdt_model_graph_counts(b.m, &replays, &captures);
+    bench_emit(g_out, "\nForward options %u; %lld forwards replayed from %lld CUDA graphs. Floors at %.1f TB/s: batch 1 decode reads "
+                      "%.3f GB, a 16-row verify %.3f GB.\n",
+               kdt_model_flags(b.m), (long long)replays, (long long)captures, kPeakBw / 1e12, floor_bytes(b.m, 1) / 1e9,
+               floor_bytes(b.m, kTree) / 1e9);
     bench_emit(g_out, "\nDevice memory in use after the runs (weights, cache, scratch): %.1f GB\n", used_gb());
     reset(b, kMaxB);
     kdt_cache_free(b.c);

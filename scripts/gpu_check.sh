@@ -55,7 +55,8 @@ fi
 
 if has sanitize; then
     for t in "$BUILD"/tests/test_tree_build "$BUILD"/tests/test_tree_accept "$BUILD"/tests/test_kv_commit \
-             "$BUILD"/tests/test_verify_attn "$BUILD"/tests/test_verify_attn_fast "$BUILD"/tests/test_model_cuda; do
+             "$BUILD"/tests/test_verify_attn "$BUILD"/tests/test_verify_attn_fast "$BUILD"/tests/test_model_cuda \
+             "$BUILD"/tests/test_model_graph; do
         [ -x "$t" ] || continue
         n=$(basename "$t")
         KDT_TEST_DATA="$BUILD/data" step "sanitize_$n" 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$t"

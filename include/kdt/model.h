@@ -70,6 +70,23 @@ KDT_API void       kdt_model_free(kdt_model *m);
 KDT_API const kdt_model_config *kdt_model_get_config(const kdt_model *m);
 KDT_API kdt_backend kdt_model_backend(const kdt_model *m);
 KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (also the cache's) */
+/* Options of the CUDA forward (bits; the CPU backend ignores them). A model starts with
+ * $KDT_MODEL_FLAGS (a number) where set, else 0.
+ *   KDT_MODEL_MOE_DEVICE: MoE layers of batches with at most 16 rows per expert on average (decode,
+ *     verification) run the routed experts in two kernels reading the routing from device memory,
+ *     so the forward has no host wait inside (else cuBLAS GEMMs per expert, sized on the host).
+ *   KDT_MODEL_GRAPHS: KDT_MODEL_MOE_DEVICE, and forwards with no host wait inside are captured as
+ *     CUDA graphs the second time their shape is seen (the requests' row counts, tree or chain,
+ *     logits rows, the cache, device output addresses) and replayed from then on, with the same
+ *     results bit for bit. */
+#define KDT_MODEL_MOE_DEVICE 1u
+#define KDT_MODEL_GRAPHS 2u
+#define KDT_MODEL_GEMV 4u  /* the projections (q_b, o, dense MLPs, LM head) of batches of at most 16 rows
+                              in the device MoE's kernel instead of cuBLAS: an experiment, deterministic */
+KDT_API kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags);
+KDT_API uint32_t   kdt_model_flags(const kdt_model *m);
+/* Forwards replayed from a graph and graphs captured so far (0 on the CPU). */
+KDT_API void       kdt_model_graph_counts(const kdt_model *m, int64_t *replays, int64_t *captures);
 /* Parses a config.json text (what kdt_model_load does first); `what` names it in messages. */
 KDT_API kdt_status kdt_model_config_parse(const char *json, size_t len, const char *what, kdt_model_config *out);
 
@@ -84,7 +101,9 @@ KDT_API int32_t    kdt_cache_len(const kdt_cache *c, int32_t req);       /* rows
 KDT_API kdt_status kdt_cache_reset(kdt_cache *c, int32_t req);           /* empties a request */
 KDT_API kdt_status kdt_cache_truncate(kdt_cache *c, int32_t req, int32_t len); /* keeps rows [0, len) */
 
-/* The pieces kdt_kv_commit and verify_attn take, for one layer (backend memory). */
+/* The pieces kdt_kv_commit and verify_attn take, for one layer (backend memory), as of this call:
+ * on CUDA the device block table and lengths are updated here, not by forwards and commits, so take
+ * a new view after the cache changes. */
 typedef struct kdt_cache_layer_view {
     void *kv_cache;              /* [NB, BS, Dqk] */
     kdt_dtype dtype;

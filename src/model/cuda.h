@@ -14,6 +14,7 @@ extern "C" {
 kdt_status kdt_forward_cuda(kdt_model *m, kdt_cache *c, const kdt_batch *b, const int32_t *start, const int32_t *positions,
                             float *logits, float *hidden, void *stream);
 void       kdt_cuda_ctx_free(struct kdt_cuda_ctx *ctx);
+void       kdt_cuda_graph_counts(const struct kdt_cuda_ctx *ctx, int64_t *replays, int64_t *captures); /* ctx may be NULL */
 
 /* Device fills (cuda/kernels.cu), on the legacy default stream: n values of dtype (bf16 or f32)
  * uniform in [center - scale, center + scale), a hash of (seed, index); n bytes set to `byte`. */

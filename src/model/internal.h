@@ -84,6 +84,7 @@ struct kdt_model {
      * smallest router margin over the MoE layers (route_margin in forward_cpu.c), which shows
      * whether an expert choice that another backend made differently was a near-tie. */
     float *probe_router_margin;                /* [rows of the next forward] */
+    uint32_t flags;                            /* KDT_MODEL_MOE_DEVICE, KDT_MODEL_GRAPHS, KDT_MODEL_GEMV */
 };
 
 struct kdt_cache {
@@ -93,7 +94,8 @@ struct kdt_cache {
     void **dpool;                              /* CUDA: [layers] of [NB, BS, Dqk], the model's dtype */
     int32_t *block_table;                      /* [max_requests, MB], -1 where unused */
     int32_t *kv_len;                           /* [max_requests] */
-    int32_t *d_block_table, *d_kv_len;         /* CUDA: device copies of the two, kept in step */
+    int32_t *d_block_table, *d_kv_len;         /* CUDA: device copies of the two, brought up to date by kdt_cache_layer */
+    int dev_stale;                             /* CUDA: the host changed them since */
     int32_t *d_commit;                         /* CUDA: scratch of kdt_cache_commit */
     int32_t *free_blocks;                      /* stack of free block ids */
     int32_t n_free;

@@ -16,6 +16,11 @@
 #define CUDA_MAX_TOPK 64
 #define CUDA_MAX_DV 512
 
+#define KNOWN_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_GEMV)
+/* A model's flags without $KDT_MODEL_FLAGS: none until a GPU run has passed tests/test_model_graph
+ * (then KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS). */
+#define DEFAULT_FLAGS 0u
+
 static kdt_status check_cuda(const kdt_model_config *c, kdt_dtype dtype) {
     if (dtype != KDT_BF16 && dtype != KDT_F32)
         return kdt_fail(KDT_ERR_DTYPE, "model: the CUDA backend computes in bf16 or f32, not %s", kdt_dtype_name(dtype));
@@ -45,6 +50,8 @@ kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_bac
     m->cfg = *cfg;
     m->backend = backend;
     m->dtype = dtype;
+    const char *flags = getenv("KDT_MODEL_FLAGS");
+    m->flags = flags && *flags ? (uint32_t)strtoul(flags, NULL, 0) & KNOWN_FLAGS : DEFAULT_FLAGS;
     m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
     if (backend == KDT_BACKEND_CUDA) m->dlayers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->dlayers);
     if (!m->layers || (backend == KDT_BACKEND_CUDA && !m->dlayers)) {
@@ -88,6 +95,21 @@ void kdt_model_free(kdt_model *m) {
 const kdt_model_config *kdt_model_get_config(const kdt_model *m) { return m ? &m->cfg : NULL; }
 kdt_backend kdt_model_backend(const kdt_model *m) { return m->backend; }
 kdt_dtype kdt_model_dtype(const kdt_model *m) { return m->dtype; }
+
+kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags) {
+    if (!m) return kdt_fail(KDT_ERR_INVALID_ARG, "model: NULL");
+    if (flags & ~KNOWN_FLAGS)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "model: unknown flags 0x%x", (unsigned)(flags & ~KNOWN_FLAGS));
+    m->flags = flags;
+    return KDT_OK;
+}
+
+uint32_t kdt_model_flags(const kdt_model *m) { return m ? m->flags : 0; }
+
+void kdt_model_graph_counts(const kdt_model *m, int64_t *replays, int64_t *captures) {
+    *replays = *captures = 0;
+    if (m && m->backend == KDT_BACKEND_CUDA) kdt_cuda_graph_counts(m->ctx, replays, captures);
+}
 
 int kdt_layer_is_moe(const kdt_model_config *c, int32_t layer) {
     return c->n_routed_experts > 0 && layer >= c->first_k_dense_replace && layer % c->moe_layer_freq == 0;
@@ -157,12 +179,20 @@ static kdt_status cache_alloc_cuda(kdt_cache *c, uint64_t pool_elems) {
     return s;
 }
 
-/* Copies the block table and lengths to the device after the host changed them. */
+/* After the host changed the block table or lengths: the device copies are brought up to date
+ * by the next kdt_cache_layer, their only reader (the forward and the commit take their rows from
+ * the host), so that a forward does not pay two blocking copies and a device-wide wait. */
 static kdt_status cache_sync(kdt_cache *c) {
-    if (!on_cuda(c)) return KDT_OK;
+    c->dev_stale = on_cuda(c);
+    return KDT_OK;
+}
+
+static kdt_status cache_sync_device(kdt_cache *c) {
     kdt_status s = kdt_dev_h2d(c->d_block_table, c->block_table, (size_t)c->max_requests * c->MB * sizeof(int32_t));
     if (s == KDT_OK) s = kdt_dev_h2d(c->d_kv_len, c->kv_len, (size_t)c->max_requests * sizeof(int32_t));
-    return s == KDT_OK ? kdt_dev_sync() : s; /* landed before work on any stream reads them */
+    if (s == KDT_OK) s = kdt_dev_sync(); /* landed before work on any stream reads them */
+    if (s == KDT_OK) c->dev_stale = 0;
+    return s;
 }
 
 kdt_status kdt_cache_create(const kdt_model *m, int32_t max_requests, int32_t max_len, int32_t num_blocks, kdt_cache **out) {
@@ -266,6 +296,8 @@ kdt_status kdt_cache_layer(const kdt_cache *c, int32_t layer, kdt_cache_layer_vi
     if (!c || layer < 0 || layer >= c->model->cfg.num_hidden_layers)
         return kdt_fail(KDT_ERR_INVALID_ARG, "cache: layer %d out of range", layer);
     const int cuda = on_cuda(c);
+    kdt_status s = c->dev_stale ? cache_sync_device((kdt_cache *)c) : KDT_OK; /* the device copies are a cache of the host's */
+    if (s != KDT_OK) return s;
     *out = (kdt_cache_layer_view){.kv_cache = cuda ? c->dpool[layer] : (void *)c->pool[layer], .dtype = cache_dtype(c),
                                   .NB = c->NB, .BS = KDT_CACHE_BLOCK, .Dqk = c->Dqk, .Dv = c->model->cfg.kv_lora_rank,
                                   .block_table = cuda ? c->d_block_table : c->block_table, .MB = c->MB,

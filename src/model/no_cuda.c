@@ -11,6 +11,11 @@ kdt_status kdt_forward_cuda(kdt_model *m, kdt_cache *c, const kdt_batch *b, cons
 
 void kdt_cuda_ctx_free(struct kdt_cuda_ctx *ctx) { (void)ctx; }
 
+void kdt_cuda_graph_counts(const struct kdt_cuda_ctx *ctx, int64_t *replays, int64_t *captures) {
+    (void)ctx;
+    *replays = *captures = 0;
+}
+
 kdt_status kdt_cuda_fill_uniform(void *dst, kdt_dtype dtype, size_t n, uint64_t seed, float center, float scale) {
     (void)dst; (void)dtype; (void)n; (void)seed; (void)center; (void)scale;
     return kdt_no_cuda("random weights");

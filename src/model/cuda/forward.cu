@@ -5,9 +5,13 @@
  * rope, the router and every GEMM output that feeds a non-linearity are f32.
  *
  * A forward uploads its small inputs (tokens, positions, cache slots, block-table rows, masks)
- * in one copy, runs every layer on the caller's stream, and waits once per MoE layer (the
- * expert row counts size the expert GEMMs) and at the end (the outputs). Scratch memory is the
- * model's, grown as batches grow, so a model serves one forward at a time. */
+ * in one copy, runs every layer on the caller's stream, and waits at the end (the outputs). The
+ * routed experts of a MoE layer run as cuBLAS GEMMs per expert, sized by the expert row counts
+ * (the host waits for them once per MoE layer), or, with KDT_MODEL_MOE_DEVICE and few rows per
+ * expert, in moe.cu's kernels from device-side counts: such a forward has no host wait
+ * inside, and with KDT_MODEL_GRAPHS it is captured as a CUDA graph per shape and replayed
+ * (graph.cu). Scratch memory is the model's, grown as batches grow, so a model serves one
+ * forward at a time. */
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +19,7 @@
 #include <cublas_v2.h>
 
 #include "common/cuda/cuda_common.cuh"
+#include "model/cuda/graph.h"
 #include "kdt/ops.h"
 #include "model/cuda.h"
 #include "model/cuda/kernels.h"
@@ -36,6 +41,16 @@
 /* The q_a and kv_a norms use transformers' default eps, as on the CPU. */
 #define LORA_NORM_EPS 1e-6f
 
+/* cuBLAS gets a workspace of ours, set with every stream change: the same one in direct runs and
+ * captures, so both choose the same kernels, and no allocation happens inside a capture. */
+#define BLAS_WS_BYTES (32u << 20)
+
+/* MoE layers run the small-batch kernels while the mean rows per expert stay at or below this
+ * (moe.cu stages 16 rows per pass); with KDT_MODEL_GEMV, projections of at most this many
+ * rows run them too. */
+#define MOE_SMALL_ROWS_PER_EXPERT 16
+#define GEMV_MAX_ROWS 16
+
 struct kdt_cuda_ctx {
     cublasHandle_t blas;
     void *ws;                    /* device scratch of a forward */
@@ -43,6 +58,9 @@ struct kdt_cuda_ctx {
     void *hin, *din;             /* a forward's inputs: pinned host staging, device copy */
     size_t hin_bytes, din_bytes;
     int32_t *h_counts;           /* pinned [E]: rows per expert of one MoE layer */
+    void *blas_ws;               /* [BLAS_WS_BYTES] cuBLAS workspace */
+    cudaStream_t cap;            /* where graphs are captured (never run on) */
+    kdt_graphs *graphs;
 };
 
 namespace {
@@ -126,7 +144,7 @@ struct Bufs {
     /* scratch */
     float *x, *hf, *cs, *sn, *a_out, *q, *lse, *gu, *ye, *rlog, *gw, *logits;
     void *hn, *qa, *qn, *qabs, *olat, *ov, *act, *xe;
-    int32_t *gi, *counts, *perm, *posa;
+    int32_t *gi, *counts, *offs, *perm, *posa;
 };
 
 struct Dims {
@@ -202,6 +220,7 @@ void layout_scratch(Bump &b, Bufs &u, const Dims &d, const kdt_model_config *f) 
     b.take(&u.gi, RK * 4);
     b.take(&u.gw, RK * 4);
     b.take(&u.counts, (size_t)d.E * 4);
+    b.take(&u.offs, (size_t)d.E * 4);
     b.take(&u.perm, RK * 4);
     b.take(&u.posa, RK * 4);
     b.take(&u.xe, RK * d.hid * es);
@@ -216,6 +235,8 @@ kdt_status ctx_make(const kdt_model *m, kdt_cuda_ctx *x) {
     KDT_CUBLAS_CHECK(cublasSetMathMode(x->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     const size_t E = (size_t)(m->cfg.n_routed_experts > 0 ? m->cfg.n_routed_experts : 1);
     KDT_CUDA_CHECK(cudaMallocHost((void **)&x->h_counts, E * sizeof(int32_t)));
+    KDT_CUDA_CHECK(cudaMalloc(&x->blas_ws, BLAS_WS_BYTES));
+    KDT_CUDA_CHECK(cudaStreamCreateWithFlags(&x->cap, cudaStreamNonBlocking));
     return KDT_OK;
 }
 
@@ -308,7 +329,19 @@ struct Fwd {
     Dims d;
     Bufs u;
     cudaStream_t s;
+    bool moe_small;              /* MoE layers run moe.cu's kernels: no host wait */
+    bool gemv;                   /* projections run moe.cu's small-batch kernel (KDT_MODEL_GEMV) */
+    bool all;                    /* logits of every row (else of each request's last row) */
+    float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
 };
+
+/* y [M, N] f32 (+)= x [M, K] (dt) . W^T, W [N, K] (dt), all contiguous: gemm(), or moe.cu's
+ * small-batch kernel when f.gemv. */
+kdt_status proj(Fwd &f, int64_t M, int64_t N, int64_t K, const void *W, const void *x, float *y, float beta) {
+    if (f.gemv && M <= GEMV_MAX_ROWS && K % 8 == 0 && N <= INT_MAX && K <= INT_MAX)
+        return kdt_mk_dense_small((int32_t)M, x, W, (int32_t)K, (int32_t)N, 0, y, beta != 0.0f, f.d.dt, f.s);
+    return gemm(f.x->blas, M, N, K, W, f.d.ct, K, x, f.d.ct, K, y, CUDA_R_32F, N, beta);
+}
 
 /* MLA attention of layer l: u.hn [R, hidden] in, x += o_proj(attention). */
 kdt_status attention(Fwd &f, int32_t l) {
@@ -323,8 +356,7 @@ kdt_status attention(Fwd &f, int32_t l) {
     int64_t q_ld = d.Wa;
     if (d.ql) {
         TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
-        TRY(gemm(h, d.R, (int64_t)d.H * d.qk, d.ql, L->q_b, d.ct, d.ql, u.qa, d.ct, d.ql, u.q, CUDA_R_32F, (int64_t)d.H * d.qk,
-                 0.0f));
+        TRY(proj(f, d.R, (int64_t)d.H * d.qk, d.ql, L->q_b, u.qa, u.q, 0.0f));
         q = u.q;
         q_ld = (int64_t)d.H * d.qk;
     }
@@ -356,21 +388,25 @@ kdt_status attention(Fwd &f, int32_t l) {
         TRY(kdt_verify_attn(&p, KDT_BACKEND_CUDA, f.s));
     }
     TRY(apply_values(h, d, L->kv_b, u.olat, u.ov));
-    const int64_t hv = (int64_t)d.H * d.vd;
-    return gemm(h, d.R, d.hid, hv, L->o, d.ct, hv, u.ov, d.ct, hv, u.x, CUDA_R_32F, d.hid, 1.0f);
+    return proj(f, d.R, d.hid, (int64_t)d.H * d.vd, L->o, u.ov, u.x, 1.0f);
 }
 
 /* A SiLU-gated MLP on the rows u.hn [R, hidden] (dt): x += down(silu(gate hn) * up hn). */
 kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
     const Dims &d = f.d;
     const int64_t I = w->inter;
-    TRY(gemm(f.x->blas, d.R, 2 * I, d.hid, w->gate_up, d.ct, d.hid, f.u.hn, d.ct, d.hid, f.u.gu, CUDA_R_32F, 2 * I, 0.0f));
-    TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
-    return gemm(f.x->blas, d.R, d.hid, I, w->down, d.ct, I, f.u.act, d.ct, I, f.u.x, CUDA_R_32F, d.hid, 1.0f);
+    if (f.gemv && d.R <= GEMV_MAX_ROWS && d.hid % 8 == 0)
+        TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up, d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
+    else {
+        TRY(gemm(f.x->blas, d.R, 2 * I, d.hid, w->gate_up, d.ct, d.hid, f.u.hn, d.ct, d.hid, f.u.gu, CUDA_R_32F, 2 * I, 0.0f));
+        TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
+    }
+    return proj(f, d.R, d.hid, I, w->down, f.u.act, f.u.x, 1.0f);
 }
 
 /* Routed experts then the shared ones: u.hn (dt) and u.hf (f32, the router's input) in, x += out.
- * The rows of each expert are gathered next to each other, so that an expert is two GEMMs. */
+ * f.moe_small: moe.cu's two kernels read the grouping on the device. Else the rows of each
+ * expert are gathered next to each other, so that an expert is two GEMMs sized on the host. */
 kdt_status moe(Fwd &f, int32_t l) {
     const Dims &d = f.d;
     const Bufs &u = f.u;
@@ -381,7 +417,13 @@ kdt_status moe(Fwd &f, int32_t l) {
     TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
     TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
                      cf->routed_scaling_factor, u.gi, u.gw, f.s));
-    TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.perm, u.posa, f.s));
+    TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
+    if (f.moe_small) {
+        TRY(kdt_mk_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, L->exp_gate_up, L->exp_down, d.E, d.hid, (int32_t)I, u.act,
+                             u.ye, d.dt, f.s));
+        TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
+        return L->shared.inter ? mlp(f, &L->shared) : KDT_OK;
+    }
     KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->h_counts, u.counts, (size_t)d.E * sizeof(int32_t), cudaMemcpyDeviceToHost, f.s));
     KDT_CUDA_CHECK(cudaStreamSynchronize(f.s));
     int64_t total = 0;
@@ -443,12 +485,15 @@ bool on_device(const void *p) {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
+/* The forward's device work, from the uploaded inputs to f.log_out and f.hid_out, on f.s; no host
+ * wait inside when f.moe_small or the model has no MoE layer. */
+kdt_status compute(Fwd &f) {
     const Dims &d = f.d;
     const Bufs &u = f.u;
     const kdt_model *m = f.m;
     const kdt_model_config *cf = &m->cfg;
     KDT_CUBLAS_CHECK(cublasSetStream(f.x->blas, f.s));
+    KDT_CUBLAS_CHECK(cublasSetWorkspace(f.x->blas, f.x->blas_ws, BLAS_WS_BYTES)); /* cublasSetStream drops it */
     TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, u.tokens, d.R, d.hid, f.s));
     TRY(kdt_mk_rope_table(u.cs, u.sn, u.pos, m->d_inv_freq, d.R, d.half, (float)cf->rope_attention_factor, f.s));
     for (int32_t l = 0; l < cf->num_hidden_layers; l++) {
@@ -459,25 +504,99 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
                            u.hn, d.hid, d.dt, f.s));
         TRY(L->is_moe ? moe(f, l) : mlp(f, &L->dense));
     }
-    const int all = bt->logits_rows == KDT_LOGITS_ALL;
-    float *hid_out = hidden && on_device(hidden) ? hidden : u.hf, *log_out = logits && on_device(logits) ? logits : u.logits;
-    if (hidden || (logits && all))
-        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, hidden ? hid_out : nullptr, d.hid,
-                           logits && all ? u.hn : nullptr, d.hid, d.dt, f.s));
-    if (logits && !all)
+    if (f.hid_out || (f.log_out && f.all))
+        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, f.hid_out, d.hid,
+                           f.log_out && f.all ? u.hn : nullptr, d.hid, d.dt, f.s));
+    if (f.log_out && !f.all)
         TRY(kdt_mk_rmsnorm(u.x, d.hid, u.last, d.RL, d.hid, m->d_final_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt,
                            f.s));
-    if (logits)
-        TRY(gemm(f.x->blas, d.RL, d.V, d.hid, m->d_lm_head, d.ct, d.hid, u.hn, d.ct, d.hid, log_out, CUDA_R_32F, d.V, 0.0f));
-    if (logits && log_out != logits)
-        KDT_CUDA_CHECK(cudaMemcpyAsync(logits, log_out, (size_t)d.RL * d.V * 4, cudaMemcpyDeviceToHost, f.s));
-    if (hidden && hid_out != hidden)
-        KDT_CUDA_CHECK(cudaMemcpyAsync(hidden, hid_out, (size_t)d.R * d.hid * 4, cudaMemcpyDeviceToHost, f.s));
+    if (f.log_out) TRY(proj(f, d.RL, d.V, d.hid, m->d_lm_head, u.hn, f.log_out, 0.0f));
+    return KDT_OK;
+}
+
+kdt_status compute_on(void *arg, cudaStream_t s) {
+    Fwd f = *(const Fwd *)arg;
+    f.s = s;
+    return compute(f);
+}
+
+/* Everything the captured work of f depends on besides its input buffers' contents: the graph's
+ * key. $KDT_VA_SM90 picks verify_attn's kernel when a call is queued, so it is part of it. */
+int64_t *graph_key(const Fwd &f, int32_t *n_key) {
+    const Plan &p = *f.plan;
+    const int32_t L = f.m->cfg.num_hidden_layers, n = 17 + 5 * p.n_calls + L;
+    const char *va = getenv("KDT_VA_SM90");
+    int64_t *k = (int64_t *)malloc((size_t)n * sizeof *k);
+    if (!k) return nullptr;
+    int32_t i = 0;
+    k[i++] = f.m->flags;
+    k[i++] = f.moe_small;
+    k[i++] = f.d.R;
+    k[i++] = f.d.RL;
+    k[i++] = f.d.B;
+    k[i++] = f.all;
+    k[i++] = (int64_t)(uintptr_t)f.log_out;
+    k[i++] = (int64_t)(uintptr_t)f.hid_out;
+    k[i++] = (int64_t)(uintptr_t)f.x->ws;
+    k[i++] = (int64_t)(uintptr_t)f.x->din;
+    k[i++] = (int64_t)(uintptr_t)f.c;
+    k[i++] = f.c->NB;
+    k[i++] = f.c->MB;
+    k[i++] = p.n_entries;
+    k[i++] = p.mask_bytes;
+    k[i++] = p.n_calls;
+    k[i++] = va ? (int64_t)(unsigned char)va[0] << 8 | (va[0] ? (unsigned char)va[1] : 0) : -1; /* values are 1 digit */
+    for (int32_t c = 0; c < p.n_calls; c++) {
+        const Call &cl = p.calls[c];
+        k[i++] = cl.B;
+        k[i++] = cl.Q;
+        k[i++] = cl.entry;
+        k[i++] = cl.row;
+        k[i++] = cl.mask_off;
+    }
+    for (int32_t l = 0; l < L; l++) k[i++] = (int64_t)(uintptr_t)f.c->dpool[l];
+    *n_key = i;
+    return k;
+}
+
+bool has_moe(const kdt_model *m) {
+    for (int32_t l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (m->dlayers[l].is_moe) return true;
+    return false;
+}
+
+/* Runs the device work (as a graph where the model's flags ask for it and nothing in it waits
+ * for the host), then brings host outputs back and waits for the stream. */
+kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
+    const Dims &d = f.d;
+    const kdt_model *m = f.m;
+    const int64_t I = m->cfg.moe_intermediate_size;
+    f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
+                  d.R * d.K <= (int64_t)MOE_SMALL_ROWS_PER_EXPERT * d.E;
+    f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
+    f.all = bt->logits_rows == KDT_LOGITS_ALL;
+    f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
+    f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;
+    if ((m->flags & KDT_MODEL_GRAPHS) && (f.moe_small || !has_moe(m))) {
+        int32_t n_key = 0;
+        int64_t *key = graph_key(f, &n_key);
+        if (!key) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");
+        const kdt_status s = kdt_graphs_run(&f.x->graphs, key, n_key, f.x->cap, f.s, compute_on, &f);
+        free(key);
+        TRY(s);
+    } else {
+        TRY(compute(f));
+    }
+    if (logits && f.log_out != logits)
+        KDT_CUDA_CHECK(cudaMemcpyAsync(logits, f.log_out, (size_t)d.RL * d.V * 4, cudaMemcpyDeviceToHost, f.s));
+    if (hidden && f.hid_out != hidden)
+        KDT_CUDA_CHECK(cudaMemcpyAsync(hidden, f.hid_out, (size_t)d.R * d.hid * 4, cudaMemcpyDeviceToHost, f.s));
     KDT_CUDA_CHECK(cudaStreamSynchronize(f.s));
     return KDT_OK;
 }
 
-/* Sizes the inputs and scratch, uploads the inputs, runs. */
+/* Sizes the inputs and scratch, uploads the inputs, runs. Graphs hold the scratch's addresses:
+ * they are dropped when it moves. */
 kdt_status forward_planned(Fwd &f, const Plan &plan, const kdt_batch *bt, const int32_t *start, const int32_t *pos,
                            float *logits, float *hidden) {
     f.plan = &plan;
@@ -485,9 +604,11 @@ kdt_status forward_planned(Fwd &f, const Plan &plan, const kdt_batch *bt, const 
     Bump in = {nullptr, 0}, sc = {nullptr, 0};
     layout_inputs(in, hb, f.d, plan);
     layout_scratch(sc, f.u, f.d, &f.m->cfg);
+    const void *din = f.x->din, *ws = f.x->ws;
     TRY(grow(&f.x->hin, &f.x->hin_bytes, in.off, 1));
     TRY(grow(&f.x->din, &f.x->din_bytes, in.off, 0));
     TRY(grow(&f.x->ws, &f.x->ws_bytes, sc.off, 0));
+    if (din != f.x->din || ws != f.x->ws) kdt_graphs_clear(f.x->graphs);
     Bump hp = {(char *)f.x->hin, 0}, dp = {(char *)f.x->din, 0}, wp = {(char *)f.x->ws, 0};
     layout_inputs(hp, hb, f.d, plan);
     layout_inputs(dp, f.u, f.d, plan);
@@ -506,7 +627,14 @@ extern "C" void kdt_cuda_ctx_free(kdt_cuda_ctx *x) {
     if (x->din) (void)cudaFree(x->din);
     if (x->hin) (void)cudaFreeHost(x->hin);
     if (x->h_counts) (void)cudaFreeHost(x->h_counts);
+    if (x->blas_ws) (void)cudaFree(x->blas_ws);
+    if (x->cap) (void)cudaStreamDestroy(x->cap);
+    kdt_graphs_free(x->graphs);
     free(x);
+}
+
+extern "C" void kdt_cuda_graph_counts(const kdt_cuda_ctx *x, int64_t *replays, int64_t *captures) {
+    kdt_graphs_counts(x ? x->graphs : nullptr, replays, captures);
 }
 
 extern "C" kdt_status kdt_forward_cuda(kdt_model *m, kdt_cache *c, const kdt_batch *bt, const int32_t *start,

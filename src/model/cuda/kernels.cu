@@ -218,7 +218,8 @@ __global__ void moe_count_kernel(const int32_t *idx, int64_t n, int32_t *counts)
 }
 
 /* Block e writes the assignments of expert e, in order, after those of experts 0 .. e-1. */
-__global__ void moe_fill_kernel(const int32_t *idx, int64_t n, const int32_t *counts, int32_t *perm, int32_t *pos) {
+__global__ void moe_fill_kernel(const int32_t *idx, int64_t n, const int32_t *counts, int32_t *offs, int32_t *perm,
+                                int32_t *pos) {
     __shared__ int warp_n[kThreads / 32];
     __shared__ int base;
     const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -226,6 +227,7 @@ __global__ void moe_fill_kernel(const int32_t *idx, int64_t n, const int32_t *co
         int off = 0;
         for (int i = 0; i < e; i++) off += counts[i];
         base = off;
+        if (offs) offs[e] = off;
     }
     __syncthreads();
     int run = base;
@@ -390,11 +392,11 @@ extern "C" kdt_status kdt_mk_route(const float *logits, const float *bias, int64
     return KDT_OK;
 }
 
-extern "C" kdt_status kdt_mk_moe_plan(const int32_t *idx, int64_t n, int32_t E, int32_t *counts, int32_t *perm, int32_t *pos,
-                                      cudaStream_t s) {
+extern "C" kdt_status kdt_mk_moe_plan(const int32_t *idx, int64_t n, int32_t E, int32_t *counts, int32_t *offs, int32_t *perm,
+                                      int32_t *pos, cudaStream_t s) {
     moe_count_kernel<<<(unsigned)E, kThreads, 0, s>>>(idx, n, counts);
     KDT_CUDA_CHECK_LAUNCH("moe_count");
-    moe_fill_kernel<<<(unsigned)E, kThreads, 0, s>>>(idx, n, counts, perm, pos);
+    moe_fill_kernel<<<(unsigned)E, kThreads, 0, s>>>(idx, n, counts, offs, perm, pos);
     KDT_CUDA_CHECK_LAUNCH("moe_fill");
     return KDT_OK;
 }

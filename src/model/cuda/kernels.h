@@ -50,11 +50,27 @@ kdt_status kdt_mk_silu_mul(const float *gu, int64_t n, int32_t I, void *out, kdt
 kdt_status kdt_mk_route(const float *logits, const float *bias, int64_t R, int32_t E, int32_t G, int32_t topk_group,
                         int32_t K, int norm, float scale, int32_t *idx, float *wt, cudaStream_t s);
 
-/* Groups the n assignments idx [n] (row r, choice k at r * K + k) by expert: counts [E], perm [n]
- * (assignments of expert 0 in order, then expert 1, ...), pos [n] (where each assignment sits in
- * perm; left alone for indices outside [0, E)). */
-kdt_status kdt_mk_moe_plan(const int32_t *idx, int64_t n, int32_t E, int32_t *counts, int32_t *perm, int32_t *pos,
-                           cudaStream_t s);
+/* Groups the n assignments idx [n] (row r, choice k at r * K + k) by expert: counts [E], offs [E]
+ * (where expert e's assignments start in perm; may be NULL), perm [n] (assignments of expert 0 in
+ * order, then expert 1, ...), pos [n] (where each assignment sits in perm; left alone for indices
+ * outside [0, E)). */
+kdt_status kdt_mk_moe_plan(const int32_t *idx, int64_t n, int32_t E, int32_t *counts, int32_t *offs, int32_t *perm,
+                           int32_t *pos, cudaStream_t s);
+
+/* The routed experts of a small batch (moe.cu), from the device-side plan above, with no
+ * host wait: act [n, I] (dt) = silu(x_r . gate_e^T) * (x_r . up_e^T) and ye [n, hid] f32 =
+ * act . down_e^T for each assignment p of expert e (x_r = row perm[p] / K of x [R, hid] (dt));
+ * w_gate_up [E, 2I, hid], w_down [E, hid, I] (dt). f32 accumulation in a fixed order
+ * (deterministic). Needs kdt_mk_moe_small_fits(hid, I): both multiples of 8. */
+int        kdt_mk_moe_small_fits(int32_t hid, int32_t I);
+/* The same kernels on R rows (at most a few tens; weights streamed once per 16 rows) of x [R, K]
+ * (dt) and w [N, K] (dt), K % 8 == 0: gate_up: y [R, N] (dt) = silu(x . w[:N]^T) * (x . w[N:2N]^T),
+ * w [2N, K]; else y [R, N] f32 = x . w^T, added to y when accumulate. Deterministic. */
+kdt_status kdt_mk_dense_small(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y,
+                              int accumulate, kdt_dtype dt, cudaStream_t s);
+kdt_status kdt_mk_moe_small(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                            const void *w_gate_up, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act,
+                            float *ye, kdt_dtype dt, cudaStream_t s);
 
 /* xe [n, hid] (dt) = rows perm[j] / K of x [*, hid] (dt). */
 kdt_status kdt_mk_gather_rows(const void *x, const int32_t *perm, int64_t n, int32_t K, int32_t hid, void *xe,

@@ -1,0 +1,92 @@
+/* The MoE's routed experts for small batches (decode, verification): one kernel per product
+ * that streams each active expert's weights once for all the rows routed to it, reading the
+ * routing (perm, counts, offsets from kdt_mk_moe_plan) from device memory. The same kernel with
+ * one "expert" of all the rows is the small-batch product of the dense projections. The grid is
+ * fixed by the shapes alone (experts x output tiles), blocks of an expert with no rows exit at
+ * once, so the host never waits for the counts and the launch can be captured in a CUDA graph.
+ *
+ * A block owns kWarps * kW weight rows of one expert, a warp kW; the block stages up to kRows of
+ * the expert's input rows, kChunkBytes of each at a time, in shared memory, and every
+ * lane accumulates 8-element slices of its weight rows against them (f32, fixed order: slice
+ * lane, lane + 32, ... then a butterfly over the warp). So each output has one summation order,
+ * whatever the timing: the kernels are deterministic. More than kRows rows stream the weights
+ * again (from L2 for the most part). kRows is the least of 1, 4, 16 that covers the batch's rows
+ * (an expert has at most one assignment per row): fewer accumulators, more blocks per SM, more
+ * loads in flight at decode. The kernel itself is in moe.cuh (run on CPU threads by
+ * tests/test_model_moe_emu.cc). */
+#include "common/cuda/cuda_common.cuh"
+#include "model/cuda/kernels.h"
+
+namespace {
+
+#include "model/cuda/moe.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+template <typename T, int kRows>
+kdt_status launch(const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const void *w_gu,
+                  const void *w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
+    const int gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
+    moe_small_kernel<T, true, kRows><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), (unsigned)E), kThreads, 0, s>>>(
+        (const T *)x, perm, K, counts, offs, (const T *)w_gu, hid, I, act, 0, false);
+    KDT_CUDA_CHECK_LAUNCH("moe_small gate_up");
+    moe_small_kernel<T, false, kRows><<<dim3((unsigned)((hid + down_cols - 1) / down_cols), (unsigned)E), kThreads, 0, s>>>(
+        (const T *)act, perm, K, counts, offs, (const T *)w_down, I, hid, ye, 0, false);
+    KDT_CUDA_CHECK_LAUNCH("moe_small down");
+    return KDT_OK;
+}
+
+template <typename T, int kRows>
+kdt_status launch_dense(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y, int accumulate,
+                        cudaStream_t s) {
+    if (gate_up) {
+        const int cols = kWarps * kW / 2;
+        moe_small_kernel<T, true, kRows><<<(unsigned)((N + cols - 1) / cols), kThreads, 0, s>>>(
+            (const T *)x, nullptr, 1, nullptr, nullptr, (const T *)w, K, N, y, R, false);
+    } else {
+        const int cols = kWarps * kW;
+        moe_small_kernel<T, false, kRows><<<(unsigned)((N + cols - 1) / cols), kThreads, 0, s>>>(
+            (const T *)x, nullptr, 1, nullptr, nullptr, (const T *)w, K, N, y, R, accumulate != 0);
+    }
+    KDT_CUDA_CHECK_LAUNCH("dense_small");
+    return KDT_OK;
+}
+
+template <typename T>
+kdt_status dense_rows(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y, int accumulate,
+                      cudaStream_t s) {
+    if (R <= 1) return launch_dense<T, 1>(R, x, w, K, N, gate_up, y, accumulate, s);
+    if (R <= 4) return launch_dense<T, 4>(R, x, w, K, N, gate_up, y, accumulate, s);
+    return launch_dense<T, kMaxRows>(R, x, w, K, N, gate_up, y, accumulate, s);
+}
+
+template <typename T>
+kdt_status launch_rows(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                       const void *w_gu, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye,
+                       cudaStream_t s) {
+    if (R <= 1) return launch<T, 1>(x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
+    if (R <= 4) return launch<T, 4>(x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
+    return launch<T, kMaxRows>(x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
+}
+
+} // namespace
+
+extern "C" kdt_status kdt_mk_dense_small(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y,
+                                         int accumulate, kdt_dtype dt, cudaStream_t s) {
+    if (R < 1 || K % 8 != 0) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: small-batch product of %d rows, K = %d", R, K);
+    if (dt == KDT_BF16) return dense_rows<bf16>(R, x, w, K, N, gate_up, y, accumulate, s);
+    if (dt == KDT_F32) return dense_rows<float>(R, x, w, K, N, gate_up, y, accumulate, s);
+    return kdt_fail(KDT_ERR_DTYPE, "model cuda: activation dtype %s, expected f32 or bf16", kdt_dtype_name(dt));
+}
+
+extern "C" int kdt_mk_moe_small_fits(int32_t hid, int32_t I) { return hid % 8 == 0 && I % 8 == 0 && hid > 0 && I > 0; }
+
+extern "C" kdt_status kdt_mk_moe_small(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts,
+                                       const int32_t *offs, const void *w_gate_up, const void *w_down, int32_t E, int32_t hid,
+                                       int32_t I, void *act, float *ye, kdt_dtype dt, cudaStream_t s) {
+    if (!kdt_mk_moe_small_fits(hid, I))
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: small-batch MoE needs hidden and intermediate sizes that are multiples of 8");
+    if (dt == KDT_BF16) return launch_rows<bf16>(R, x, perm, K, counts, offs, w_gate_up, w_down, E, hid, I, act, ye, s);
+    if (dt == KDT_F32) return launch_rows<float>(R, x, perm, K, counts, offs, w_gate_up, w_down, E, hid, I, act, ye, s);
+    return kdt_fail(KDT_ERR_DTYPE, "model cuda: activation dtype %s, expected f32 or bf16", kdt_dtype_name(dt));
+}

@@ -1,0 +1,124 @@
+/* The device code of moe.cu's kernel, with no includes of its own, so that
+ * tests/test_model_moe_emu.cc runs it on CPU threads. The CUDA subset it uses: blockIdx, threadIdx,
+ * __shared__, __syncthreads, __shfl_xor_sync, uint4 / float4 loads, bf16 conversions. See
+ * moe.cu for the design. */
+#pragma once
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kW = 4;              /* weight rows per warp: loads in flight per lane */
+constexpr int kMaxRows = 16;       /* input rows per pass, at most */
+constexpr int kChunkBytes = 2048;  /* of each staged input row */
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+/* 8 consecutive elements at p (16-byte aligned for bf16, 32 for f32) as floats. */
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float (&f)[8]) {
+    const uint4 v = *(const uint4 *)p;
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)&w[i]);
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void load8(const float *p, float (&f)[8]) {
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+template <typename T> __device__ __forceinline__ void store8(T *dst, const T *src) {
+    if (sizeof(T) == 2) {
+        *(uint4 *)dst = *(const uint4 *)src;
+    } else {
+        ((float4 *)dst)[0] = ((const float4 *)src)[0];
+        ((float4 *)dst)[1] = ((const float4 *)src)[1];
+    }
+}
+/* kGateUp: w [E, 2I, n_in] (gate rows, then up rows), input rows x[perm[p] / K] of x [*, n_in]
+ * (row p without perm), out act [n, I] (T) = silu(gate) * up at each assignment's place p;
+ * columns I, a warp computes gate and up of kW / 2 columns. Else: w [E, n_out, n_in], input rows
+ * in[p] of [n, n_in], out [n, n_out] f32 (added to when accumulate); a warp computes kW columns.
+ * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. */
+template <typename T, bool kGateUp, int kRows>
+__global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1) moe_small_kernel(const T *__restrict__ in, const int32_t *__restrict__ perm, int K,
+                                                             const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
+                                                             const T *__restrict__ w, int n_in, int n_out, void *out,
+                                                             int dense_rows, bool accumulate) {
+    constexpr int kChunk = kChunkBytes / (int)sizeof(T); /* elements of a staged row */
+    constexpr int kColsPerWarp = kGateUp ? kW / 2 : kW;
+    __shared__ __align__(16) T xs[kRows * kChunk];
+    const int e = blockIdx.y, cnt = counts ? counts[e] : dense_rows;
+    if (cnt == 0) return;
+    const int off = counts ? offs[e] : 0, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int col0 = (blockIdx.x * kWarps + warp) * kColsPerWarp;
+    const size_t rows_w = kGateUp ? 2 * (size_t)n_out : (size_t)n_out;
+    const T *we = w + (size_t)e * rows_w * n_in;
+    const T *wr[kW];
+    bool ok[kW];
+#pragma unroll
+    for (int q = 0; q < kW; q++) {
+        const int c = col0 + (kGateUp ? q / 2 : q);
+        ok[q] = c < n_out;
+        const size_t row = kGateUp && (q & 1) ? (size_t)n_out + c : (size_t)c;
+        wr[q] = we + (ok[q] ? row : 0) * n_in;
+    }
+    for (int r0 = 0; r0 < cnt; r0 += kRows) {
+        const int nr = min(kRows, cnt - r0);
+        float acc[kW][kRows];
+#pragma unroll
+        for (int q = 0; q < kW; q++)
+#pragma unroll
+            for (int r = 0; r < kRows; r++) acc[q][r] = 0.f;
+        for (int c0 = 0; c0 < n_in; c0 += kChunk) {
+            const int len = min(kChunk, n_in - c0); /* a multiple of 8 */
+            __syncthreads(); /* the previous chunk is read */
+            for (int v = threadIdx.x; v < nr * (kChunk / 8); v += kThreads) { /* rows past nr are never read */
+                const int r = v / (kChunk / 8), i = (v % (kChunk / 8)) * 8;
+                if (i >= len) continue;
+                const int p = off + r0 + r;
+                const size_t src_row = kGateUp && perm ? (size_t)(perm[p] / K) : (size_t)p;
+                store8(xs + r * kChunk + i, in + src_row * n_in + c0 + i);
+            }
+            __syncthreads();
+#pragma unroll 2
+            for (int i = lane * 8; i < len; i += 32 * 8) {
+                float wv[kW][8];
+#pragma unroll
+                for (int q = 0; q < kW; q++) load8(wr[q] + c0 + i, wv[q]);
+#pragma unroll
+                for (int r = 0; r < kRows; r++) {
+                    if (r >= nr) break;
+                    float xv[8];
+                    load8(xs + r * kChunk + i, xv);
+#pragma unroll
+                    for (int q = 0; q < kW; q++)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[q][r] = fmaf(wv[q][j], xv[j], acc[q][r]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            if (r >= nr) break;
+#pragma unroll
+            for (int q = 0; q < kW; q++)
+                for (int o = 16; o > 0; o >>= 1) acc[q][r] += __shfl_xor_sync(0xffffffffu, acc[q][r], o);
+            if (lane != 0) continue;
+            const size_t p = (size_t)off + r0 + r;
+#pragma unroll
+            for (int q = 0; q < kW; q++) {
+                if (!ok[q]) continue;
+                if (kGateUp) {
+                    if (q & 1) ((T *)out)[p * n_out + col0 + q / 2] = from_f32<T>(silu(acc[q - 1][r]) * acc[q][r]);
+                } else {
+                    float *o = (float *)out + p * n_out + col0 + q;
+                    *o = accumulate ? *o + acc[q][r] : acc[q][r];
+                }
+            }
+        }
+    }
+}
+
