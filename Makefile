@@ -14,7 +14,7 @@ CXXFLAGS ?= -O2 -g
 CXXFLAGS += -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -MMD -MP
 CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
             -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
-LDLIBS   := -lm -lpthread -lcjson
+LDLIBS   := -lm -lpthread -lcjson -lpcre2-8
 
 # sm_90 and sm_120 machine code plus PTX for later chips; Hopper-only kernels (src/cuda/sm90/)
 # are built for sm_90a alone, where wgmma and setmaxnreg exist.
