@@ -11,7 +11,7 @@ if [ -z "${KDT_CUDA:-}" ]; then KDT_CUDA=$([ -n "$NVCC" ] && echo 1 || echo 0); 
 CFLAGS="-O2 -g -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc -D_GNU_SOURCE -DKDT_HAVE_CUDA=$KDT_CUDA"
 NVFLAGS="-O3 -lineinfo -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra --expt-relaxed-constexpr"
 ARCH="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120"
-LIBS="-lm -lpthread"
+LIBS="-lm -lpthread -lpcre2-8"
 pkg-config --exists libcjson 2>/dev/null && LIBS="$LIBS $(pkg-config --libs libcjson)"
 mkdir -p "$BUILD/obj" "$BUILD/tests"
 
