@@ -100,6 +100,8 @@ static kdt_status parse_ct(const cJSON *q, const char *w, kdt_ckpt_format *f) {
     const cJSON *tg = item(g, "targets");
     if (!cJSON_IsArray(tg) || cJSON_GetArraySize(tg) != 1 || !cJSON_IsString(tg->child) || strcmp(tg->child->valuestring, "Linear"))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'targets' must be [\"Linear\"]", sub);
+    const cJSON *gf = item(g, "format");
+    if (gf && !cJSON_IsNull(gf) && (s = want_str(g, sub, "format", "pack-quantized"))) return s;
     const cJSON *ia = item(g, "input_activations");
     if (ia && !cJSON_IsNull(ia))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'input_activations': only weight-only quantization is supported", sub);
