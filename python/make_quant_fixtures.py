@@ -14,8 +14,8 @@ Needs torch, transformers and compressed-tensors (pip install compressed-tensors
              under text_config; names start with `language_model.`; the routed experts'
              weight_packed / weight_scale / weight_shape are what compressed-tensors'
              PackedQuantizationCompressor writes; the rest BF16; the vision tower in its own shard.
-Each folder's twin/ holds the same model with every weight as the exact f32 it stands for
-(quantized value times scale); expected.kdtr holds transformers' f32 logits of that model (the
+Each folder's twin/ holds the same model with every weight as the exact value it stands for
+(quantized value times scale, in f32; bf16 where that is exact); expected.kdtr holds transformers' f32 logits of that model (the
 prompt and greedy continuation chosen with python/make_fixtures.py's margin checks).
 unpack.kdtr: INT4 words packed by compressed-tensors' pack_to_int32 with their int8 values
 (unpack_from_int32) and a group-scaled f32 dequantization, including a partial group; an FP8
@@ -159,6 +159,12 @@ def save(state, path, shards=None):
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
+def bf16_if_exact(v):
+    """v in bf16 where that loses nothing (the weights stored bf16), else f32 (the dequantized ones)."""
+    v = v.float().contiguous()
+    return v.to(torch.bfloat16) if torch.equal(v.to(torch.bfloat16).float(), v) else v
+
+
 def make(name, out, seed):
     cfg = dict(mf.BASE)
     cfg.update(FIXTURES[name])
@@ -192,7 +198,7 @@ def make(name, out, seed):
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(qcfg, f, indent=2)
     twin = os.path.join(path, "twin")
-    save({k: v.float().contiguous() for k, v in exact.items()}, twin)
+    save({k: bf16_if_exact(v) for k, v in exact.items()}, twin)
     with open(os.path.join(twin, "config.json"), "w") as f:
         json.dump(twin_cfg, f, indent=2)
     kdtr.save(os.path.join(path, "expected.kdtr"),
