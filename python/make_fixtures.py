@@ -33,7 +33,13 @@ The fixtures exercise: q_lora_rank set / null, YaRN with mscale != mscale_all_di
 first_k_dense_replace 0 / 1, moe_layer_freq 2 (transformers ignores the field, so the model's
 MLPs are swapped the way DeepSeek's reference code builds them), grouped routing (n_group 4,
 topk_group 2) and one group, norm_topk_prob true / false, tied embeddings, a sharded checkpoint,
-bf16 weights, rope_interleave false, and the fused layout.
+bf16 weights, rope_interleave false, and the fused layout; and the other MLA families of SPEC
+section 4, each against its own transformers class: Moonlight's shape, DeepSeek-V2-Lite
+(DeepseekV2ForCausalLM: softmax routing, greedy top-k, no bias; its margin is SOFTMAX_MARGIN, as
+no bias ladder can spread softmax scores, and it runs on the CPU backend only), GLM-4.7-Flash
+(Glm4MoeLiteForCausalLM: nope and v heads unlike each other, mlp_layer_types, an MTP layer in the
+checkpoint), and Kimi-VL's nesting (text_config, language_model. names, vision tensors).
+python/make_quant_fixtures.py builds the quantized ones on top of this file.
 """
 import argparse
 import copy

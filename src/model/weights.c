@@ -134,8 +134,8 @@ static kdt_status linear_int4(const loader *ld, const char *module, int64_t rows
     kdt_status s;
     snprintf(n, sizeof n, "%s.weight_packed", module);
     if ((s = find_as(ld, n, (const char *const[]){"I32", NULL}, D2(rows, (cols + 7) / 8), &pk)) != KDT_OK) {
-        snprintf(n, sizeof n, "%s.weight", module);
-        if (s == KDT_ERR_NOT_FOUND && find(ld, n, D2(rows, cols), &sc) == KDT_OK)
+        snprintf(n, sizeof n, "%s%s.weight", ld->fmt->prefix, module);
+        if (s == KDT_ERR_NOT_FOUND && kdt_st_find(ld->st, n))
             return kdt_fail(s, "%s: tensor '%s%s.weight_packed' is missing: module '%s%s' is not in quantization_config's ignore "
                             "list, yet the checkpoint holds it unquantized", ld->dir, ld->fmt->prefix, module, ld->fmt->prefix, module);
         return s;
