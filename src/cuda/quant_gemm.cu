@@ -53,16 +53,21 @@ __global__ void __launch_bounds__(kThreads) qgemm_kernel(const __nv_bfloat16 *__
     const int chunks = K / kVals, sk = (K + KDT_QGEMM_FP8_BLOCK - 1) / KDT_QGEMM_FP8_BLOCK;
     for (int m0 = 0; m0 < M; m0 += kMT) {
         float acc[kRows][kMT] = {};
-        for (int c = t; c < chunks; c += kThreads) {
-            uint4 v[kRows];
-            float s[kRows];
+        /* The next chunk's weights and scales are loaded before this one is used: two in flight. */
+        uint4 v[kRows], vn[kRows] = {};
+        float s[kRows], sn[kRows] = {};
+        auto load = [&](int c, uint4 *vv, float *ss) {
 #pragma unroll
             for (int r = 0; r < kRows; r++) {
                 const int n = min(n0 + r, N - 1); /* a missing last row repeats one; it is not written */
-                v[r] = __ldg(&w[(size_t)n * chunks + c]);
-                if constexpr (kInt4) s[r] = bf16_bits(__ldg((const uint16_t *)scale + (size_t)n * chunks + c));
-                else s[r] = __ldg((const float *)scale + (size_t)(n / KDT_QGEMM_FP8_BLOCK) * sk + c * kVals / KDT_QGEMM_FP8_BLOCK);
+                vv[r] = __ldg(&w[(size_t)n * chunks + c]);
+                if constexpr (kInt4) ss[r] = bf16_bits(__ldg((const uint16_t *)scale + (size_t)n * chunks + c));
+                else ss[r] = __ldg((const float *)scale + (size_t)(n / KDT_QGEMM_FP8_BLOCK) * sk + c * kVals / KDT_QGEMM_FP8_BLOCK);
             }
+        };
+        if (t < chunks) load(t, v, s);
+        for (int c = t; c < chunks; c += kThreads) {
+            if (c + kThreads < chunks) load(c + kThreads, vn, sn);
 #pragma unroll
             for (int q = 0; q < kVals / 8; q++) {
                 float wf[kRows][8];
@@ -81,6 +86,11 @@ __global__ void __launch_bounds__(kThreads) qgemm_kernel(const __nv_bfloat16 *__
                             acc[r][mm] = fmaf(hi, wf[r][2 * i + 1], fmaf(lo, wf[r][2 * i], acc[r][mm]));
                     }
                 }
+            }
+#pragma unroll
+            for (int r = 0; r < kRows; r++) {
+                v[r] = vn[r];
+                s[r] = sn[r];
             }
         }
 #pragma unroll
