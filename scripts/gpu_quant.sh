@@ -11,10 +11,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kdt-quant}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
-BUILD=${BUILD:-build-quant}
+BUILD=${BUILD:-build}  # shared with scripts/gpu_check.sh (same sm_90 flags): a build there is reused
 summary=()
 note() { summary+=("$*"); echo "## $*"; }
-DEADLINE=${DEADLINE:-270}
+DEADLINE=${DEADLINE:-280}
 step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log
     local name=$1 limit=$2; shift 2
     local t0=$SECONDS left=$((DEADLINE - SECONDS))
@@ -28,16 +28,16 @@ step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LO
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
 if { ! ldconfig -p | grep -q libcjson || [ ! -e /usr/include/pcre2.h ]; } && [ -d .deb ]; then
-    for f in .deb/*.deb; do dpkg -x "$f" /tmp/kdt-deps; done
-    lib=/tmp/kdt-deps/usr/lib/x86_64-linux-gnu
-    MAKEVARS+=(CPPFLAGS=-I/tmp/kdt-deps/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
+    for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
+    lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
+    MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
     export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$LOGS/info.log" 2>&1
 note "gpu: $(head -1 "$LOGS/info.log")"
 
 T="$BUILD/tests"
-step build 170 make -j16 "${MAKEVARS[@]}" "$BUILD/kdt" "$T/test_quant" "$T/test_quant_gemm" "$T/test_model" "$T/test_model_cuda" \
+step build 200 make -j16 "${MAKEVARS[@]}" "$BUILD/kdt" "$T/test_quant" "$T/test_quant_gemm" "$T/test_model" "$T/test_model_cuda" \
     "$BUILD/bench/bench_quant_gemm" || tail -30 "$LOGS/build.log"
 
 for t in test_quant_gemm test_quant test_model test_model_cuda; do
