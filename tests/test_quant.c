@@ -188,6 +188,24 @@ static int edit_tensor(const char *path, const char *tensor, const char *key, co
     return ok;
 }
 
+/* Overwrites 8 bytes at byte `at` of tensor `tensor`'s data. */
+static int poke_tensor(const char *path, const char *tensor, size_t at, int64_t value) {
+    size_t len;
+    char *b = slurp(path, &len);
+    if (!b || len < 8) { free(b); return 0; }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | (unsigned char)b[i];
+    cJSON *h = cJSON_ParseWithLength(b + 8, (size_t)n);
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(h, tensor), "data_offsets");
+    const size_t off = cJSON_IsArray(o) ? (size_t)cJSON_GetArrayItem(o, 0)->valuedouble : len;
+    int ok = 8 + n + off + at + 8 <= len;
+    if (ok) memcpy(b + 8 + n + off + at, &value, 8);
+    ok = ok && spit(path, b, len);
+    cJSON_Delete(h);
+    free(b);
+    return ok;
+}
+
 /* Sets the config field at dotted `key` (objects only) to the JSON `value` (NULL: removes it). */
 static int edit_config(const char *dir, const char *key, const char *value) {
     char path[1024], k[256];
@@ -254,6 +272,8 @@ static void check_broken(void) {
     expect_fail(fresh("int4_k26") && edit_tensor(st, EXP ".weight_scale", "dtype", "\"F16\""), "int4: scale dtype",
                 EXP ".weight_scale' has dtype F16");
     expect_fail(fresh("int4_k26") && edit_tensor(st, EXP ".weight_shape", "dtype", "\"F64\""), "int4: shape dtype", EXP ".weight_shape");
+    expect_fail(fresh("int4_k26") && poke_tensor(st, EXP ".weight_shape", 8, 33), "int4: weight_shape [32, 33] for [32, 64]",
+                EXP ".weight_shape' holds [32, 33], expected [32, 64]");
     expect_fail(fresh("int4_k26") && edit_config(tmp, "text_config.quantization_config.ignore", "[\"re:.*lm_head.*\"]"),
                 "int4: attention not ignored, stored bf16", "self_attn.q_a_proj.weight_packed' is missing");
     expect_fail(fresh("int4_k26") && edit_config(tmp, "text_config.quantization_config.ignore", "[\"re:(\"]"), "int4: bad pattern",
@@ -269,7 +289,54 @@ static void check_broken(void) {
     if (system(cmd) != 0) kt_fail("could not remove %s", tmp);
 }
 
+/* The families' config fields (SPEC section 4). */
+static void check_family_configs(void) {
+    static const struct { const char *what, *json, *needle; } cases[] = {
+        {"DeepSeek-V2 greedy softmax", "\"architectures\": [\"DeepseekV2ForCausalLM\"], \"scoring_func\": \"softmax\", "
+         "\"topk_method\": \"greedy\"", NULL},
+        {"DeepSeek-V2 group_limited_greedy", "\"scoring_func\": \"softmax\", \"topk_method\": \"group_limited_greedy\"", NULL},
+        {"sigmoid with greedy", "\"scoring_func\": \"sigmoid\", \"topk_method\": \"greedy\"", "field 'scoring_func'"},
+        {"GLM mlp_layer_types", "\"architectures\": [\"Glm4MoeLiteForCausalLM\"], \"mlp_layer_types\": [\"dense\", \"sparse\"]", NULL},
+        {"mlp_layer_types of another length", "\"mlp_layer_types\": [\"dense\"]", "field 'mlp_layer_types'"},
+        {"dense after sparse", "\"mlp_layer_types\": [\"sparse\", \"dense\"]", "a dense layer (1) after a sparse one"},
+        {"mlp_layer_types against first_k_dense_replace", "\"mlp_layer_types\": [\"dense\", \"dense\"]", "first_k_dense_replace says 1"},
+        {"unknown architecture", "\"architectures\": [\"LlamaForCausalLM\"]", "field 'architectures'"},
+    };
+    const char *base = "\"vocab_size\": 96, \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+                       "\"q_lora_rank\": null, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8,"
+                       "\"v_head_dim\": 8, \"n_routed_experts\": 8, \"n_group\": 1, \"topk_group\": 1, \"num_experts_per_tok\": 2,"
+                       "\"first_k_dense_replace\": 1";
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[2048];
+        snprintf(json, sizeof json, "{%s, %s}", base, cases[i].json);
+        kdt_model_config c;
+        kdt_status s = kdt_model_config_parse(json, strlen(json), "cfg", &c);
+        if (!cases[i].needle)
+            kt_check(s == KDT_OK, "config %s: accepted (softmax %d, topk_method %d, dense layers %d)%s", cases[i].what, c.router_softmax,
+                     c.topk_method, c.first_k_dense_replace, s == KDT_OK ? "" : kdt_last_error());
+        else
+            kt_check(s != KDT_OK && strstr(kdt_last_error(), cases[i].needle), "config %s: refused naming '%s': %s", cases[i].what,
+                     cases[i].needle, s == KDT_OK ? "(accepted!)" : kdt_last_error());
+    }
+    /* Nested: text_config holds the model (and here, the quantization_config sits at the top). */
+    char json[2048];
+    snprintf(json, sizeof json, "{\"architectures\": [\"KimiK25ForConditionalGeneration\"], \"text_config\": {%s}, "
+             "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"weight_block_size\": [128, 64]}}", base);
+    kdt_model_config c;
+    kdt_ckpt_format f;
+    cJSON *r = cJSON_Parse(json);
+    kdt_status s = kdt_model_config_parse(json, strlen(json), "cfg", &c);
+    if (s == KDT_OK) s = kdt_ckpt_format_parse(r, "cfg", &f);
+    kt_check(s == KDT_OK && c.hidden_size == 32 && f.quant == KDT_QUANT_FP8 && f.block_n == 128 && f.block_k == 64 &&
+             !strcmp(f.prefix, "language_model."),
+             "nested config: text_config parsed, top-level quantization_config found, prefix language_model.%s",
+             s == KDT_OK ? "" : kdt_last_error());
+    if (s == KDT_OK) kdt_ckpt_format_free(&f);
+    cJSON_Delete(r);
+}
+
 int main(void) {
+    check_family_configs();
     check_unpack();
     check_ignore();
     check_twin("fp8");
