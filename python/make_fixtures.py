@@ -33,7 +33,13 @@ The fixtures exercise: q_lora_rank set / null, YaRN with mscale != mscale_all_di
 first_k_dense_replace 0 / 1, moe_layer_freq 2 (transformers ignores the field, so the model's
 MLPs are swapped the way DeepSeek's reference code builds them), grouped routing (n_group 4,
 topk_group 2) and one group, norm_topk_prob true / false, tied embeddings, a sharded checkpoint,
-bf16 weights, rope_interleave false, and the fused layout.
+bf16 weights, rope_interleave false, and the fused layout; and the other MLA families of SPEC
+section 4, each against its own transformers class: Moonlight's shape, DeepSeek-V2-Lite
+(DeepseekV2ForCausalLM: softmax routing, greedy top-k, no bias; its margin is SOFTMAX_MARGIN, as
+no bias ladder can spread softmax scores, and it runs on the CPU backend only), GLM-4.7-Flash
+(Glm4MoeLiteForCausalLM: nope and v heads unlike each other, mlp_layer_types, an MTP layer in the
+checkpoint), and Kimi-VL's nesting (text_config, language_model. names, vision tensors).
+python/make_quant_fixtures.py builds the quantized ones on top of this file.
 """
 import argparse
 import copy
@@ -51,17 +57,26 @@ import kdtr  # noqa: E402
 try:
     import torch
     from safetensors.torch import save_file
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                              Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM)
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MLP
 except ImportError as e:  # the CI machine has neither; the fixtures are committed
     print(f"make_fixtures: skipped ({e}); needs torch and transformers")
     sys.exit(0)
+
+# model_type -> transformers' config and model classes (the MLA families of SPEC section 4)
+FAMILIES = {
+    "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
+    "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
+    "glm4_moe_lite": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM),
+}
 
 PROMPT_LEN = 8
 NEW_TOKENS = 32
 GATE_SCALE = 3.0      # router weights times this: router logits of standard deviation ~3
 BIAS_STEP = 0.35      # e_score_correction_bias: a shuffled ladder of this step
 ROUTER_MARGIN = 0.05  # see the top of this file
+SOFTMAX_MARGIN = 0.01  # DeepSeek-V2's softmax router (CPU only): no bias ladder can spread its scores
 LOGIT_GAP = 0.05      # top-2 logit gap of each greedy step, in units of its row's std
 MIN_DISTINCT = 8      # distinct tokens in the continuation: no model stuck on one token
 MAX_TRIES = 2000      # models tried
@@ -95,6 +110,24 @@ FIXTURES = {
     "sharded": (dict(routed_scaling_factor=1.5, n_group=2, topk_group=1), "sharded"),
     "bf16": ({}, "bf16"),
     "tf5": (dict(num_experts_per_tok=3), "tf5"),
+    # Moonlight-16B-A3B's shape: q_lora_rank null, one group, default rope, 64 routed of which 6
+    "moonlight": (dict(q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=3, rope_scaling=None,
+                       rope_theta=50000.0, routed_scaling_factor=2.446), "hub"),
+    # DeepSeek-V2-Lite: softmax routing, greedy top-k over all experts, no correction bias
+    "v2_lite": (dict(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", q_lora_rank=None,
+                     scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False,
+                     routed_scaling_factor=1.0, num_experts_per_tok=2,
+                     rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                   "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}),
+                "hub"),
+    # GLM-4.7-Flash: nope 192 / rope 64 / v 256 scaled down (nope and v unlike each other and the
+    # rope dims), mlp_layer_types, and one MTP layer in the checkpoint (model.layers.N) to ignore
+    "glm_flash": (dict(architectures=["Glm4MoeLiteForCausalLM"], model_type="glm4_moe_lite", qk_nope_head_dim=24,
+                       v_head_dim=32, n_group=1, topk_group=1, rope_scaling=None, rope_theta=1000000.0,
+                       routed_scaling_factor=1.8, rms_norm_eps=1e-5, num_nextn_predict_layers=1,
+                       mlp_layer_types=["dense", "sparse", "sparse"]), "mtp"),
+    # Kimi-VL: the language model (Moonlight's shape) nested under text_config / language_model.
+    "kimi_vl": (dict(q_lora_rank=None, n_group=1, topk_group=1, rope_scaling=None, rope_theta=800000.0), "nested"),
 }
 
 
@@ -105,9 +138,10 @@ def is_moe(cfg, layer):
 
 def build(cfg, seed):
     """The transformers model for a hub config, with DeepSeek's moe_layer_freq rule applied."""
-    config = DeepseekV3Config.from_dict(dict(cfg))
+    config_cls, model_cls = FAMILIES[cfg["model_type"]]
+    config = config_cls.from_dict(dict(cfg))
     torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(config).float().eval()
+    model = model_cls(config).float().eval()
     for layer, dec in enumerate(model.model.layers):
         want_moe = is_moe(cfg, layer)
         if want_moe != (layer >= cfg["first_k_dense_replace"]):
@@ -156,7 +190,36 @@ def hub_state(model, cfg):
     return out
 
 
+def vision_stub(gen):
+    """A few vision-tower tensors of a multimodal checkpoint, which the loader must skip."""
+    return {"vision_tower.patch_embed.proj.weight": torch.randn(16, 3, 2, 2, generator=gen).to(torch.bfloat16),
+            "vision_tower.encoder.blocks.0.wqkv.weight": torch.randn(48, 16, generator=gen).to(torch.bfloat16),
+            "mm_projector.proj.0.weight": torch.randn(32, 64, generator=gen).to(torch.bfloat16)}
+
+
+def nest(cfg, arch, model_type):
+    """A multimodal config holding cfg as its text_config (Kimi-VL, K2.5, K2.6)."""
+    return {"architectures": [arch], "model_type": model_type, "text_config": cfg,
+            "vision_config": {"model_type": "moonvit", "hidden_size": 16, "patch_size": 2},
+            "ignore_index": -100, "media_placeholder_token_id": 95}
+
+
+def mtp_stub(cfg, gen):
+    """GLM's MTP layer after the last decoder layer (model.layers.N), which the loader ignores."""
+    n, hid = cfg["num_hidden_layers"], cfg["hidden_size"]
+    return {f"model.layers.{n}.eh_proj.weight": torch.randn(hid, 2 * hid, generator=gen),
+            f"model.layers.{n}.enorm.weight": torch.ones(hid), f"model.layers.{n}.hnorm.weight": torch.ones(hid),
+            f"model.layers.{n}.self_attn.q_a_proj.weight": torch.randn(cfg["q_lora_rank"], hid, generator=gen),
+            f"model.layers.{n}.shared_head.norm.weight": torch.ones(hid)}
+
+
 def save_hub(state, cfg, path, how):
+    gen = torch.Generator().manual_seed(7)
+    if how == "nested":
+        state = {"language_model." + k: v for k, v in state.items()} | vision_stub(gen)
+        cfg = nest(cfg, "KimiVLForConditionalGeneration", "kimi_vl")
+    elif how == "mtp":
+        state = state | mtp_stub(cfg, gen)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     if how == "bf16":
@@ -187,7 +250,10 @@ def router_hooks(model, cfg, out):
 
         def hook(mod, inputs, output, layer=layer):
             router_logits, _, topk_indices = output
-            biased = router_logits.float().sigmoid() + mod.e_score_correction_bias.float()
+            if hasattr(mod, "e_score_correction_bias"):
+                biased = router_logits.float().sigmoid() + mod.e_score_correction_bias.float()
+            else:  # DeepSeek-V2: softmax scores, no bias
+                biased = router_logits.float().softmax(dim=-1)
             out.append((layer, biased.detach(), topk_indices.detach().sort(dim=-1)[0]))
         hooks.append(gate.register_forward_hook(hook))
     return hooks
@@ -219,7 +285,8 @@ def greedy(model, prompt, cfg):
             for step in range(NEW_TOKENS + 1):
                 records.clear()
                 logits = model(input_ids=torch.tensor([ids])).logits[0].float()
-                if any(router_margin(cfg, b).min() < ROUTER_MARGIN for _, b, _ in records):
+                need = SOFTMAX_MARGIN if cfg.get("scoring_func") == "softmax" else ROUTER_MARGIN
+                if any(router_margin(cfg, b).min() < need for _, b, _ in records):
                     return None
                 if step == NEW_TOKENS:
                     break
@@ -303,8 +370,8 @@ def make(name, changes, how, out, seed):
         save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     else:
         save_hub(hub_state(model, cfg), cfg, path, how)
-        if cfg["moe_layer_freq"] == 1:  # transformers reads the folder back to the same logits
-            back = DeepseekV3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        if cfg["moe_layer_freq"] == 1 and how != "nested":  # transformers reads the folder back to the same logits
+            back = FAMILIES[cfg["model_type"]][1].from_pretrained(path, dtype=torch.float32).eval()
             with torch.no_grad():
                 again = back(input_ids=torch.tensor([list(prompt) + list(cont)])).logits[0].numpy()
             err = np.linalg.norm(again - logits) / np.linalg.norm(logits)

@@ -25,6 +25,8 @@ extern "C" {
 #define KDT_MODEL_MAX_TREE 1025  /* most rows of one tree (verify_attn's Q limit); chains are chunked */
 
 /* The fields of config.json that change the math, after defaults and validation. */
+enum { KDT_TOPK_NOAUX_TC = 0, KDT_TOPK_GREEDY = 1, KDT_TOPK_GROUP_LIMITED = 2 };
+
 typedef struct kdt_model_config {
     int32_t vocab_size, hidden_size, num_hidden_layers;
     int32_t intermediate_size;         /* dense layers' MLP */
@@ -39,6 +41,11 @@ typedef struct kdt_model_config {
     int32_t norm_topk_prob, tie_word_embeddings, rope_interleave; /* 0 / 1 */
     int32_t max_position_embeddings;
     float routed_scaling_factor, rms_norm_eps;
+    /* Router: sigmoid scores with e_score_correction_bias and groups ranked by their two best
+     * (DeepSeek-V3, Kimi, Moonlight, GLM), or softmax scores with no bias (DeepSeek-V2), either
+     * over all experts (greedy) or within the groups of the best maxima (group_limited_greedy). */
+    int32_t router_softmax;            /* scoring_func: 0 sigmoid, 1 softmax */
+    int32_t topk_method;               /* KDT_TOPK_NOAUX_TC, KDT_TOPK_GREEDY, KDT_TOPK_GROUP_LIMITED */
     /* Rope, resolved: inv_freq[i] = theta^(-2i/d), with YaRN's ramp when yarn; cos and sin are
      * multiplied by rope_attention_factor. */
     int32_t rope_yarn;                 /* 0 default, 1 yarn */
@@ -53,8 +60,10 @@ typedef struct kdt_model kdt_model;
 typedef struct kdt_cache kdt_cache;
 
 /* Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from
- * dir. f32, bf16 and f16 weights; experts one tensor per expert (the hub's layout) or fused
- * (transformers 5). Every missing tensor, wrong shape or bad field fails with a message naming
+ * dir: DeepSeek-V3 / Kimi K2, Moonlight, DeepSeek-V2, GLM-4.7-Flash, or the language model of
+ * Kimi K2.5 / K2.6 / Kimi-VL (text_config, `language_model.` names). f32, bf16 and f16 weights,
+ * FP8 blocks and compressed-tensors INT4 groups (SPEC section 4; dequantized to f32 on the CPU);
+ * experts one tensor per expert (the hub's layout) or fused (transformers 5). Every missing tensor, wrong shape or bad field fails with a message naming
  * the file, tensor or field. KDT_BACKEND_CPU computes in f32, KDT_BACKEND_CUDA in bf16 (weights,
  * activations between GEMMs and the KV cache in bf16; accumulation, norms, the residual stream
  * and the router in f32). */

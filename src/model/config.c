@@ -174,19 +174,74 @@ kdt_status kdt_config_finish(kdt_model_config *c, const char *what) {
     return KDT_OK;
 }
 
+/* Architectures of a language model config; a nesting config (text_config) is one of nest_archs. */
+static const char *const text_archs[] = {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM", NULL};
+static const char *const nest_archs[] = {"KimiK25ForConditionalGeneration", "KimiVLForConditionalGeneration", NULL};
+
+/* 'architectures', when given, lists one of `known`. */
+static kdt_status check_arch(const cJSON *o, const char *w, const char *const *known, const char *names) {
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(o, "architectures");
+    if (!arch || cJSON_IsNull(arch)) return KDT_OK;
+    const cJSON *a;
+    if (cJSON_IsArray(arch))
+        cJSON_ArrayForEach(a, arch)
+            for (int i = 0; known[i]; i++)
+                if (cJSON_IsString(a) && strcmp(a->valuestring, known[i]) == 0) return KDT_OK;
+    return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'architectures' lists none of %s", w, names);
+}
+
+/* scoring_func and topk_method: sigmoid with noaux_tc, or softmax with greedy or group_limited_greedy. */
+static kdt_status parse_router(const cJSON *root, const char *w, kdt_model_config *c) {
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(root, "scoring_func");
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(root, "topk_method");
+    const char *score = cJSON_IsString(sf) ? sf->valuestring : "sigmoid";
+    const char *method = cJSON_IsString(tm) ? tm->valuestring : strcmp(score, "softmax") == 0 ? "greedy" : "noaux_tc";
+    if ((sf && !cJSON_IsNull(sf) && !cJSON_IsString(sf)) || (tm && !cJSON_IsNull(tm) && !cJSON_IsString(tm)))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: fields 'scoring_func' and 'topk_method' must be strings", w);
+    c->router_softmax = strcmp(score, "softmax") == 0;
+    if (!c->router_softmax && strcmp(score, "sigmoid") != 0)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'scoring_func' is \"%s\": only \"sigmoid\" and \"softmax\" are supported", w, score);
+    if (!c->router_softmax && strcmp(method, "noaux_tc") == 0) c->topk_method = KDT_TOPK_NOAUX_TC;
+    else if (c->router_softmax && strcmp(method, "greedy") == 0) c->topk_method = KDT_TOPK_GREEDY;
+    else if (c->router_softmax && strcmp(method, "group_limited_greedy") == 0) c->topk_method = KDT_TOPK_GROUP_LIMITED;
+    else
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'scoring_func' is \"%s\" and field 'topk_method' \"%s\": supported are "
+                        "sigmoid with noaux_tc, softmax with greedy or group_limited_greedy", w, score, method);
+    return KDT_OK;
+}
+
+/* GLM's mlp_layer_types (["dense", ..., "sparse", ...]): leading dense layers, then MoE ones; it
+ * gives first_k_dense_replace and must agree with it when both are set. */
+static kdt_status parse_layer_types(const cJSON *root, const char *w, kdt_model_config *c) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "mlp_layer_types");
+    if (!t || cJSON_IsNull(t)) return KDT_OK;
+    if (!cJSON_IsArray(t) || cJSON_GetArraySize(t) != c->num_hidden_layers)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: field 'mlp_layer_types' must list num_hidden_layers = %d strings", w,
+                        c->num_hidden_layers);
+    int32_t dense = 0, i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, t) {
+        const int is_dense = cJSON_IsString(e) && strcmp(e->valuestring, "dense") == 0;
+        if (!is_dense && !(cJSON_IsString(e) && strcmp(e->valuestring, "sparse") == 0))
+            return kdt_fail(KDT_ERR_INVALID_ARG, "%s: field 'mlp_layer_types': entry %d is not \"dense\" or \"sparse\"", w, i);
+        if (is_dense && dense != i)
+            return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'mlp_layer_types': a dense layer (%d) after a sparse one", w, i);
+        dense += is_dense;
+        i++;
+    }
+    if (presence(root, "first_k_dense_replace") == 1 && dense != c->first_k_dense_replace)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: field 'mlp_layer_types' has %d dense layers, first_k_dense_replace says %d", w,
+                        dense, c->first_k_dense_replace);
+    if (c->moe_layer_freq != 1)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: fields 'mlp_layer_types' and 'moe_layer_freq' != 1 together", w);
+    c->first_k_dense_replace = dense;
+    return KDT_OK;
+}
+
 static kdt_status parse(const cJSON *root, const char *w, kdt_model_config *c) {
     kdt_status s;
-    if (presence(root, "quantization_config") == 1)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'quantization_config': quantized checkpoints are not supported "
-                        "(convert the weights to bf16 or f32 first)", w);
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
-    if (arch && !cJSON_IsNull(arch)) {
-        int ok = 0;
-        const cJSON *a;
-        if (cJSON_IsArray(arch))
-            cJSON_ArrayForEach(a, arch) ok |= cJSON_IsString(a) && strcmp(a->valuestring, "DeepseekV3ForCausalLM") == 0;
-        if (!ok) return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'architectures' does not list DeepseekV3ForCausalLM", w);
-    }
+    if ((s = check_arch(root, w, text_archs, "DeepseekV3ForCausalLM, DeepseekV2ForCausalLM or Glm4MoeLiteForCausalLM")))
+        return s;
     /* Required dims, then transformers 5's defaults for the rest. */
     if ((s = get_int(root, w, "vocab_size", 1, 1, 1 << 24, 0, NOT_NULL, &c->vocab_size)) ||
         (s = get_int(root, w, "hidden_size", 1, 1, DIM_MAX, 0, NOT_NULL, &c->hidden_size)) ||
@@ -222,14 +277,25 @@ static kdt_status parse(const cJSON *root, const char *w, kdt_model_config *c) {
         return s;
     c->rms_norm_eps = (float)eps;
     c->routed_scaling_factor = (float)rsf;
-    if ((s = check_str(root, w, "hidden_act", "silu", NULL)) || (s = check_str(root, w, "scoring_func", "sigmoid", NULL)) ||
-        (s = check_str(root, w, "topk_method", "noaux_tc", NULL)))
+    if ((s = check_str(root, w, "hidden_act", "silu", NULL)) || (s = parse_router(root, w, c)) || (s = parse_layer_types(root, w, c)))
         return s;
     int32_t bias;
     if ((s = get_bool(root, w, "attention_bias", 0, &bias))) return s;
     if (bias) return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: field 'attention_bias' is true: only false is supported", w);
     if ((s = parse_rope(root, w, c))) return s;
     return kdt_config_finish(c, w);
+}
+
+/* A multimodal config (K2.5, K2.6, Kimi-VL) nests the language model's in text_config. */
+static kdt_status parse_outer(const cJSON *root, const char *w, kdt_model_config *c) {
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (!text || cJSON_IsNull(text)) return parse(root, w, c);
+    if (!cJSON_IsObject(text)) return kdt_fail(KDT_ERR_INVALID_ARG, "%s: field 'text_config' must be an object", w);
+    kdt_status s = check_arch(root, w, nest_archs, "KimiK25ForConditionalGeneration or KimiVLForConditionalGeneration");
+    if (s != KDT_OK) return s;
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s: text_config", w);
+    return parse(text, sub, c);
 }
 
 kdt_status kdt_model_config_parse(const char *json, size_t len, const char *what, kdt_model_config *out) {
@@ -246,7 +312,7 @@ kdt_status kdt_model_config_parse(const char *json, size_t len, const char *what
             return kdt_fail(KDT_ERR_INVALID_ARG, "%s: not valid JSON (bytes after the top-level value, at byte %zu)", what,
                             (size_t)(p - json));
         }
-    kdt_status s = cJSON_IsObject(root) ? parse(root, what, out)
+    kdt_status s = cJSON_IsObject(root) ? parse_outer(root, what, out)
                                         : kdt_fail(KDT_ERR_INVALID_ARG, "%s: the top level is not a JSON object", what);
     cJSON_Delete(root);
     return s;

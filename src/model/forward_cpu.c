@@ -312,18 +312,27 @@ static float route_margin(const kdt_model_config *c, const float *choice, const 
 /* Selection as transformers' DeepseekV3TopkRouter: sigmoid scores, plus the correction bias for
  * choosing only; groups ranked by the sum of their two best biased scores; the best topk_group
  * groups kept; the best num_experts_per_tok experts among them; weights are the unbiased scores,
- * normalized when norm_topk_prob, times routed_scaling_factor. Ties go to the lower index. */
+ * normalized when norm_topk_prob, times routed_scaling_factor. Ties go to the lower index.
+ * DeepSeek-V2 (DeepseekV2TopkRouter): softmax scores, no bias, every group kept (greedy) or the
+ * groups of the best maxima (group_limited_greedy). */
 static void route(const kdt_model_config *c, const kdt_layer_w *L, const float *x, float *tmp, uint8_t *gsel, int32_t *idx,
                   float *wt, float *margin) {
     const int32_t E = c->n_routed_experts, G = c->n_group, per = E / G, K = c->num_experts_per_tok;
     float *score = tmp, *choice = tmp + E;
     linear(x, 1, c->hidden_size, L->router, E, score);
-    for (int32_t e = 0; e < E; e++) {
-        score[e] = 1.0f / (1.0f + expf(-score[e]));
-        choice[e] = score[e] + L->router_bias[e];
+    if (c->router_softmax) {
+        float mx = -INFINITY, z = 0;
+        for (int32_t e = 0; e < E; e++) mx = score[e] > mx ? score[e] : mx;
+        for (int32_t e = 0; e < E; e++) z += score[e] = expf(score[e] - mx);
+        for (int32_t e = 0; e < E; e++) choice[e] = score[e] /= z;
+    } else {
+        for (int32_t e = 0; e < E; e++) {
+            score[e] = 1.0f / (1.0f + expf(-score[e]));
+            choice[e] = score[e] + L->router_bias[e];
+        }
     }
-    memset(gsel, 0, (size_t)G);
-    for (int32_t kept = 0; kept < c->topk_group; kept++) {
+    memset(gsel, c->topk_method == KDT_TOPK_GREEDY, (size_t)G);
+    for (int32_t kept = 0; kept < c->topk_group && c->topk_method != KDT_TOPK_GREEDY; kept++) {
         int32_t best = -1;
         float best_s = 0;
         for (int32_t g = 0; g < G; g++) {
@@ -333,7 +342,7 @@ static void route(const kdt_model_config *c, const kdt_layer_w *L, const float *
                 if (choice[e] > t1) { t2 = t1; t1 = choice[e]; }
                 else if (choice[e] > t2) t2 = choice[e];
             }
-            const float gs = per >= 2 ? t1 + t2 : t1;
+            const float gs = per >= 2 && c->topk_method == KDT_TOPK_NOAUX_TC ? t1 + t2 : t1;
             if (best < 0 || gs > best_s) { best = g; best_s = gs; }
         }
         gsel[best] = 1;

@@ -30,6 +30,8 @@ static kdt_status check_cuda(const kdt_model_config *c, kdt_dtype dtype) {
         return kdt_fail(KDT_ERR_UNSUPPORTED,
                         "model: the CUDA backend takes at most %d routed experts and %d per token (config: %d, %d)",
                         CUDA_MAX_EXPERTS, CUDA_MAX_TOPK, c->n_routed_experts, c->num_experts_per_tok);
+    if (c->router_softmax)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "model: field 'scoring_func' softmax (DeepSeek-V2 routing) runs on the CPU backend only");
     if (c->kv_lora_rank > CUDA_MAX_DV)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model: kv_lora_rank = %d: the CUDA attention takes at most %d", c->kv_lora_rank,
                         CUDA_MAX_DV);

@@ -1,5 +1,8 @@
 /* Loading a model folder: config.json, then every tensor the config calls for, checked for
  * presence, dtype and shape, converted to f32 (and for the CUDA backend uploaded piece by piece).
+ * Linears may be quantized (FP8 blocks, INT4 groups: src/model/quant.h) and are dequantized
+ * exactly; a nested checkpoint's names start with `language_model.`, and whatever else it holds
+ * (the vision tower) is never read.
  * Experts come one tensor per expert (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight,
  * the hub's layout) or fused (model.layers.L.mlp.experts.gate_up_proj [E, 2I, hidden], gate rows
  * first, and model.layers.L.mlp.experts.down_proj [E, hidden, I], transformers 5's), chosen per
@@ -8,15 +11,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/internal.h"
 #include "model/internal.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 
 typedef struct loader {
     kdt_model *m;
     const kdt_st *st;
     const char *dir;
+    const kdt_ckpt_format *fmt;
 } loader;
+
+static const char *const FLOATS[] = {"F32", "BF16", "F16", NULL};
 
 static void shape_str(int nd, const int64_t *d, char *out, size_t cap) {
     int n = snprintf(out, cap, "[");
@@ -54,14 +63,21 @@ static void convert(const kdt_st_tensor *t, uint64_t from, uint64_t numel, float
     }
 }
 
-/* The tensor `name`, which must have shape d[0 .. nd) and a float dtype. */
-static kdt_status find(const loader *ld, const char *name, int nd, const int64_t *d, const kdt_st_tensor **out) {
-    char want[128];
+/* The tensor `name` (the format's prefix added), which must have shape d[0 .. nd) and one of the
+ * dtypes listed. */
+static kdt_status find_as(const loader *ld, const char *name, const char *const *dtypes, int nd, const int64_t *d,
+                          const kdt_st_tensor **out) {
+    char want[128], full[320], kinds[64] = "";
     shape_str(nd, d, want, sizeof want);
-    const kdt_st_tensor *t = kdt_st_find(ld->st, name);
-    if (!t) return kdt_fail(KDT_ERR_NOT_FOUND, "%s: tensor '%s' is missing (expected shape %s)", ld->dir, name, want);
-    if (t->dtype != KDT_F32 && t->dtype != KDT_BF16 && t->dtype != KDT_F16)
-        return kdt_fail(KDT_ERR_DTYPE, "%s: tensor '%s' has dtype %s, expected F32, BF16 or F16", t->file, name, t->dtype_name);
+    snprintf(full, sizeof full, "%s%s", ld->fmt->prefix, name);
+    const kdt_st_tensor *t = kdt_st_find(ld->st, full);
+    if (!t) return kdt_fail(KDT_ERR_NOT_FOUND, "%s: tensor '%s' is missing (expected shape %s)", ld->dir, full, want);
+    int ok = 0;
+    for (int i = 0; dtypes[i]; i++) {
+        ok |= strcmp(t->dtype_name, dtypes[i]) == 0;
+        snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%s", i ? (dtypes[i + 1] ? ", " : " or ") : "", dtypes[i]);
+    }
+    if (!ok) return kdt_fail(KDT_ERR_DTYPE, "%s: tensor '%s' has dtype %s, expected %s", t->file, full, t->dtype_name, kinds);
     int same = t->ndim == nd;
     for (int i = 0; same && i < nd; i++) same = t->dims[i] == (uint64_t)d[i];
     if (!same) {
@@ -69,10 +85,14 @@ static kdt_status find(const loader *ld, const char *name, int nd, const int64_t
         for (int i = 0; i < t->ndim; i++) got[i] = (int64_t)t->dims[i];
         char have[128];
         shape_str(t->ndim, got, have, sizeof have);
-        return kdt_fail(KDT_ERR_SHAPE, "%s: tensor '%s' has shape %s, expected %s", t->file, name, have, want);
+        return kdt_fail(KDT_ERR_SHAPE, "%s: tensor '%s' has shape %s, expected %s", t->file, full, have, want);
     }
     *out = t;
     return KDT_OK;
+}
+
+static kdt_status find(const loader *ld, const char *name, int nd, const int64_t *d, const kdt_st_tensor **out) {
+    return find_as(ld, name, FLOATS, nd, d, out);
 }
 
 /* Loads `name` [d...] into a new f32 buffer owned by the model. */
@@ -89,18 +109,87 @@ static kdt_status load(const loader *ld, const char *name, int nd, const int64_t
 
 #define D1(a) 1, (const int64_t[]){a}
 #define D2(a, b) 2, (const int64_t[]){a, b}
+
+/* FP8 blocks: `module`.weight F8_E4M3 [rows, cols] and its F32 weight_scale_inv per block. */
+static kdt_status linear_fp8(const loader *ld, const char *module, const kdt_st_tensor *w, int64_t rows, int64_t cols, float *dst) {
+    const kdt_ckpt_format *f = ld->fmt;
+    char n[320];
+    const kdt_st_tensor *sc;
+    if (f->quant != KDT_QUANT_FP8)
+        return kdt_fail(KDT_ERR_DTYPE, "%s: tensor '%s%s.weight' is F8_E4M3 but config.json has no fp8 quantization_config",
+                        w->file, f->prefix, module);
+    snprintf(n, sizeof n, "%s.weight_scale_inv", module);
+    kdt_status s = find_as(ld, n, (const char *const[]){"F32", NULL},
+                           D2((rows + f->block_n - 1) / f->block_n, (cols + f->block_k - 1) / f->block_k), &sc);
+    if (s != KDT_OK) return s;
+    kdt_dequant_fp8(w->data, sc->data, rows, cols, f->block_n, f->block_k, dst);
+    return KDT_OK;
+}
+
+/* compressed-tensors INT4: weight_packed, weight_scale and weight_shape of `module`. */
+static kdt_status linear_int4(const loader *ld, const char *module, int64_t rows, int64_t cols, float *dst) {
+    const int32_t g = ld->fmt->group;
+    char n[320];
+    const kdt_st_tensor *pk, *sc, *sh;
+    kdt_status s;
+    snprintf(n, sizeof n, "%s.weight_packed", module);
+    if ((s = find_as(ld, n, (const char *const[]){"I32", NULL}, D2(rows, (cols + 7) / 8), &pk)) != KDT_OK) {
+        snprintf(n, sizeof n, "%s%s.weight", ld->fmt->prefix, module);
+        if (s == KDT_ERR_NOT_FOUND && kdt_st_find(ld->st, n))
+            return kdt_fail(s, "%s: tensor '%s%s.weight_packed' is missing: module '%s%s' is not in quantization_config's ignore "
+                            "list, yet the checkpoint holds it unquantized", ld->dir, ld->fmt->prefix, module, ld->fmt->prefix, module);
+        return s;
+    }
+    snprintf(n, sizeof n, "%s.weight_scale", module);
+    if ((s = find_as(ld, n, (const char *const[]){"BF16", NULL}, D2(rows, (cols + g - 1) / g), &sc))) return s;
+    snprintf(n, sizeof n, "%s.weight_shape", module);
+    if ((s = find_as(ld, n, (const char *const[]){"I64", "I32", NULL}, D1(2), &sh))) return s;
+    int64_t dims[2];
+    for (int i = 0; i < 2; i++) {
+        if (sh->dtype == KDT_I64) memcpy(&dims[i], (const char *)sh->data + 8 * i, 8);
+        else { int32_t v; memcpy(&v, (const char *)sh->data + 4 * i, 4); dims[i] = v; }
+    }
+    if (dims[0] != rows || dims[1] != cols)
+        return kdt_fail(KDT_ERR_SHAPE, "%s: tensor '%s%s' holds [%lld, %lld], expected [%lld, %lld]", sh->file, ld->fmt->prefix, n,
+                        (long long)dims[0], (long long)dims[1], (long long)rows, (long long)cols);
+    kdt_dequant_int4(pk->data, sc->data, rows, cols, g, dst);
+    return KDT_OK;
+}
+
+/* The nn.Linear `module` [rows, cols] as f32 into dst: a float weight, FP8 blocks, or INT4 groups
+ * unless the ignore list keeps the module in a float dtype. */
+static kdt_status linear_into(const loader *ld, const char *module, int64_t rows, int64_t cols, float *dst) {
+    char n[320], full[320];
+    const kdt_st_tensor *t;
+    snprintf(full, sizeof full, "%s%s", ld->fmt->prefix, module);
+    if (ld->fmt->quant == KDT_QUANT_INT4 && !kdt_ckpt_ignored(ld->fmt, full)) return linear_int4(ld, module, rows, cols, dst);
+    snprintf(n, sizeof n, "%s.weight", module);
+    kdt_status s = find_as(ld, n, (const char *const[]){"F32", "BF16", "F16", "F8_E4M3", NULL}, D2(rows, cols), &t);
+    if (s != KDT_OK) return s;
+    if (strcmp(t->dtype_name, "F8_E4M3") == 0) return linear_fp8(ld, module, t, rows, cols, dst);
+    convert(t, 0, t->numel, dst);
+    return KDT_OK;
+}
+
+static kdt_status load_linear(const loader *ld, const char *module, int64_t rows, int64_t cols, const float **out) {
+    float *buf = kdt_model_buf(ld->m, (size_t)(rows * cols));
+    if (!buf) return kdt_fail(KDT_ERR_NOMEM, "%s: out of memory loading '%s'", ld->dir, module);
+    *out = buf;
+    return linear_into(ld, module, rows, cols, buf);
+}
+
 #define D3(a, b, c) 3, (const int64_t[]){a, b, c}
 
 static kdt_status load_mlp(const loader *ld, const char *prefix, int32_t hid, int32_t inter, kdt_mlp_w *w) {
     char n[256];
     kdt_status s;
     w->inter = inter;
-    snprintf(n, sizeof n, "%s.gate_proj.weight", prefix);
-    if ((s = load(ld, n, D2(inter, hid), &w->gate))) return s;
-    snprintf(n, sizeof n, "%s.up_proj.weight", prefix);
-    if ((s = load(ld, n, D2(inter, hid), &w->up))) return s;
-    snprintf(n, sizeof n, "%s.down_proj.weight", prefix);
-    return load(ld, n, D2(hid, inter), &w->down);
+    snprintf(n, sizeof n, "%s.gate_proj", prefix);
+    if ((s = load_linear(ld, n, inter, hid, &w->gate))) return s;
+    snprintf(n, sizeof n, "%s.up_proj", prefix);
+    if ((s = load_linear(ld, n, inter, hid, &w->up))) return s;
+    snprintf(n, sizeof n, "%s.down_proj", prefix);
+    return load_linear(ld, n, hid, inter, &w->down);
 }
 
 /* Routed experts of layer l into [E, I, hidden] gate and up and [E, hidden, I] down. */
@@ -117,7 +206,9 @@ static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
     kdt_status s;
     const kdt_st_tensor *t;
     snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
-    if (kdt_st_find(ld->st, n)) {
+    char full[320];
+    snprintf(full, sizeof full, "%s%s", ld->fmt->prefix, n);
+    if (kdt_st_find(ld->st, full)) {
         if ((s = find(ld, n, D3(E, 2 * I, hid), &t))) return s;
         for (int64_t e = 0; e < E; e++) {
             convert(t, (uint64_t)(e * 2 * I * hid), (uint64_t)(I * hid), gate + e * I * hid);
@@ -131,14 +222,17 @@ static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int64_t e = 0; e < E; e++)
         for (int k = 0; k < 3; k++) {
-            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s.weight", l, (long long)e, proj[k]);
-            if ((s = k < 2 ? find(ld, n, D2(I, hid), &t) : find(ld, n, D2(hid, I), &t))) {
-                if (s == KDT_ERR_NOT_FOUND && e == 0 && k == 0)
-                    return kdt_fail(s, "%s: layer %d: experts missing: neither model.layers.%d.mlp.experts.gate_up_proj "
-                                    "(fused) nor %s (one tensor per expert) is there", ld->dir, l, l, n);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l, (long long)e, proj[k]);
+            float *dst = (k == 0 ? gate : k == 1 ? up : down) + e * I * hid;
+            if ((s = k < 2 ? linear_into(ld, n, I, hid, dst) : linear_into(ld, n, hid, I, dst))) {
+                if (s == KDT_ERR_NOT_FOUND && e == 0 && k == 0) {
+                    char msg[600];
+                    snprintf(msg, sizeof msg, "%s", kdt_last_error());
+                    return kdt_fail(s, "%s: layer %d: experts missing: neither %smodel.layers.%d.mlp.experts.gate_up_proj "
+                                    "(fused) nor one tensor per expert is there (%s)", ld->dir, l, ld->fmt->prefix, l, msg);
+                }
                 return s;
             }
-            convert(t, 0, t->numel, (k == 0 ? gate : k == 1 ? up : down) + e * I * hid);
         }
     return KDT_OK;
 }
@@ -155,23 +249,24 @@ static kdt_status load_layer(const loader *ld, int32_t l) {
         (s = load(ld, NAME("post_attention_layernorm.weight"), D1(hid), &w->ffn_norm)))
         return s;
     if (c->q_lora_rank) {
-        if ((s = load(ld, NAME("self_attn.q_a_proj.weight"), D2(c->q_lora_rank, hid), &w->q_a)) ||
+        if ((s = load_linear(ld, NAME("self_attn.q_a_proj"), c->q_lora_rank, hid, &w->q_a)) ||
             (s = load(ld, NAME("self_attn.q_a_layernorm.weight"), D1(c->q_lora_rank), &w->q_a_norm)) ||
-            (s = load(ld, NAME("self_attn.q_b_proj.weight"), D2((int64_t)H * qk, c->q_lora_rank), &w->q_b)))
+            (s = load_linear(ld, NAME("self_attn.q_b_proj"), (int64_t)H * qk, c->q_lora_rank, &w->q_b)))
             return s;
-    } else if ((s = load(ld, NAME("self_attn.q_proj.weight"), D2((int64_t)H * qk, hid), &w->q_proj))) {
+    } else if ((s = load_linear(ld, NAME("self_attn.q_proj"), (int64_t)H * qk, hid, &w->q_proj))) {
         return s;
     }
-    if ((s = load(ld, NAME("self_attn.kv_a_proj_with_mqa.weight"), D2(c->kv_lora_rank + c->qk_rope_head_dim, hid), &w->kv_a)) ||
+    if ((s = load_linear(ld, NAME("self_attn.kv_a_proj_with_mqa"), c->kv_lora_rank + c->qk_rope_head_dim, hid, &w->kv_a)) ||
         (s = load(ld, NAME("self_attn.kv_a_layernorm.weight"), D1(c->kv_lora_rank), &w->kv_a_norm)) ||
-        (s = load(ld, NAME("self_attn.kv_b_proj.weight"), D2((int64_t)H * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank),
-                  &w->kv_b)) ||
-        (s = load(ld, NAME("self_attn.o_proj.weight"), D2(hid, (int64_t)H * c->v_head_dim), &w->o)))
+        (s = load_linear(ld, NAME("self_attn.kv_b_proj"), (int64_t)H * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank,
+                         &w->kv_b)) ||
+        (s = load_linear(ld, NAME("self_attn.o_proj"), hid, (int64_t)H * c->v_head_dim, &w->o)))
         return s;
     w->is_moe = kdt_layer_is_moe(c, l);
     if (!w->is_moe) return load_mlp(ld, NAME("mlp"), hid, c->intermediate_size, &w->dense);
     if ((s = load(ld, NAME("mlp.gate.weight"), D2(c->n_routed_experts, hid), &w->router)) ||
-        (s = load(ld, NAME("mlp.gate.e_score_correction_bias"), D1(c->n_routed_experts), &w->router_bias)) ||
+        (c->topk_method == KDT_TOPK_NOAUX_TC &&
+         (s = load(ld, NAME("mlp.gate.e_score_correction_bias"), D1(c->n_routed_experts), &w->router_bias))) ||
         (s = load_experts(ld, l, w)))
         return s;
     if (c->n_shared_experts == 0) return KDT_OK;
@@ -204,19 +299,25 @@ kdt_status kdt_model_load_as(const char *dir, kdt_backend backend, kdt_dtype dty
     kdt_status s = kdt_read_text(path, &text, &len);
     if (s != KDT_OK) return s;
     kdt_model_config cfg;
+    kdt_ckpt_format fmt = {.prefix = ""};
     s = kdt_model_config_parse(text, len, path, &cfg);
+    if (s == KDT_OK) { /* parsed once already: valid JSON */
+        cJSON *root = cJSON_ParseWithLength(text, len);
+        s = root ? kdt_ckpt_format_parse(root, path, &fmt) : kdt_fail(KDT_ERR_NOMEM, "%s: out of memory", path);
+        cJSON_Delete(root);
+    }
     free(text);
     if (s != KDT_OK) return s;
     kdt_model *m;
-    if ((s = kdt_model_alloc(&m, &cfg, backend, dtype)) != KDT_OK) return s;
+    if ((s = kdt_model_alloc(&m, &cfg, backend, dtype)) != KDT_OK) { kdt_ckpt_format_free(&fmt); return s; }
     kdt_st *st;
-    if ((s = kdt_st_open_dir(dir, &st)) != KDT_OK) { kdt_model_free(m); return s; }
-    const loader ld = {.m = m, .st = st, .dir = dir};
+    if ((s = kdt_st_open_dir(dir, &st)) != KDT_OK) { kdt_ckpt_format_free(&fmt); kdt_model_free(m); return s; }
+    const loader ld = {.m = m, .st = st, .dir = dir, .fmt = &fmt};
     const int64_t V = cfg.vocab_size, hid = cfg.hidden_size;
     s = load(&ld, "model.embed_tokens.weight", D2(V, hid), &m->embed);
     if (s == KDT_OK) s = load(&ld, "model.norm.weight", D1(hid), &m->final_norm);
     if (s == KDT_OK && cfg.tie_word_embeddings) m->lm_head = m->embed;
-    else if (s == KDT_OK) s = load(&ld, "lm_head.weight", D2(V, hid), &m->lm_head);
+    else if (s == KDT_OK) s = load_linear(&ld, "lm_head", V, hid, &m->lm_head);
     if (s == KDT_OK) s = offload(m, -1, 0);
     for (int32_t l = 0; l < cfg.num_hidden_layers && s == KDT_OK; l++) {
         const size_t from = m->n_allocs;
@@ -225,6 +326,7 @@ kdt_status kdt_model_load_as(const char *dir, kdt_backend backend, kdt_dtype dty
     }
     if (s == KDT_OK) s = kdt_model_finish(m);
     kdt_st_close(st);
+    kdt_ckpt_format_free(&fmt);
     if (s != KDT_OK) { kdt_model_free(m); return s; }
     *out = m;
     return KDT_OK;

@@ -26,8 +26,9 @@ static char *read_file(const char *path) {
     return buf;
 }
 
-/* config.json of dir with num_hidden_layers = L (first_k_dense_replace capped to L, so the kept
- * layers stay dense or MoE as they were). */
+/* config.json of dir with num_hidden_layers = L (first_k_dense_replace capped to L and GLM's
+ * mlp_layer_types cut to L, so the kept layers stay dense or MoE as they were); in text_config
+ * when the checkpoint nests the language model (Kimi K2.5, K2.6, Kimi-VL). */
 static kdt_status edited_config(const char *dir, int32_t L, char **out) {
     char path[PATH_MAX];
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
@@ -37,14 +38,18 @@ static kdt_status edited_config(const char *dir, int32_t L, char **out) {
     cJSON *root = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(root)) { cJSON_Delete(root); return kdt_fail(KDT_ERR_INVALID_ARG, "%s: not a JSON object", path); }
-    const cJSON *have = cJSON_GetObjectItemCaseSensitive(root, "num_hidden_layers");
+    cJSON *lm = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (!cJSON_IsObject(lm)) lm = root;
+    const cJSON *have = cJSON_GetObjectItemCaseSensitive(lm, "num_hidden_layers");
     kdt_status s = KDT_OK;
     if (!cJSON_IsNumber(have)) s = kdt_fail(KDT_ERR_INVALID_ARG, "%s: field 'num_hidden_layers' is missing or not a number", path);
     else if (L < 1 || L > have->valuedouble)
         s = kdt_fail(KDT_ERR_INVALID_ARG, "draft layers = %d: the checkpoint %s has %g layers", L, dir, have->valuedouble);
-    cJSON *fk = cJSON_GetObjectItemCaseSensitive(root, "first_k_dense_replace");
+    cJSON *fk = cJSON_GetObjectItemCaseSensitive(lm, "first_k_dense_replace");
     if (s == KDT_OK && cJSON_IsNumber(fk) && fk->valuedouble > L) cJSON_SetNumberValue(fk, L);
-    if (s == KDT_OK) cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(root, "num_hidden_layers"), L);
+    cJSON *types = cJSON_GetObjectItemCaseSensitive(lm, "mlp_layer_types");
+    while (s == KDT_OK && cJSON_IsArray(types) && cJSON_GetArraySize(types) > L) cJSON_DeleteItemFromArray(types, L);
+    if (s == KDT_OK) cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(lm, "num_hidden_layers"), L);
     if (s == KDT_OK && !(*out = cJSON_Print(root))) s = kdt_fail(KDT_ERR_NOMEM, "draft model: out of memory");
     cJSON_Delete(root);
     return s;
