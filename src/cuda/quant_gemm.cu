@@ -9,7 +9,7 @@
  * M > kMT the block re-reads its rows (kRows * K bytes, resident in L1/L2) per tile of x rows. */
 #include <cuda_fp8.h>
 
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 #include "cuda/quant_gemm.h"
 
 namespace {

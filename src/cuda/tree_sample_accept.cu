@@ -8,7 +8,7 @@
  *
  * Safe on any input: parents are range-checked before any use, the walk takes at most num_nodes
  * steps (each moves to a higher node index), tokens outside [0, V) weigh 0 and are never read. */
-#include "cuda/cuda_common.cuh"
+#include "common/cuda/cuda_common.cuh"
 #include "cuda/tree_sample_accept.cuh"
 #include "ops/backends.h"
 
