@@ -17,6 +17,7 @@ static struct {
     cublasStatus_t (*destroy)(cublasHandle_t);
     cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
     cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
+    cublasStatus_t (*set_workspace)(cublasHandle_t, void *, size_t);
     const char *(*status_string)(cublasStatus_t);
     cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                               const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
@@ -41,7 +42,7 @@ static void load(void) {
         {&lib.create, "cublasCreate_v2"},         {&lib.destroy, "cublasDestroy_v2"},
         {&lib.set_stream, "cublasSetStream_v2"},  {&lib.set_math_mode, "cublasSetMathMode"},
         {&lib.status_string, "cublasGetStatusString"}, {&lib.gemm_ex, "cublasGemmEx"},
-        {&lib.gemm_strided_batched_ex, "cublasGemmStridedBatchedEx"},
+        {&lib.gemm_strided_batched_ex, "cublasGemmStridedBatchedEx"}, {&lib.set_workspace, "cublasSetWorkspace_v2"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *f = dlsym(h, syms[i].name);
@@ -73,6 +74,10 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
 
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
     return loaded() ? lib.set_math_mode(handle, mode) : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void *workspace, size_t bytes) {
+    return loaded() ? lib.set_workspace(handle, workspace, bytes) : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 
 const char *cublasGetStatusString(cublasStatus_t status) {
