@@ -14,7 +14,7 @@ CXXFLAGS ?= -O2 -g
 CXXFLAGS += -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -MMD -MP
 CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
             -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
-LDLIBS   := -lm -lpthread -lcjson
+LDLIBS   := -lm -lpthread -lcjson -lmicrohttpd
 
 # sm_90 and sm_120 machine code plus PTX for later chips; Hopper-only kernels (src/cuda/sm90/)
 # are built for sm_90a alone, where wgmma and setmaxnreg exist.
@@ -34,7 +34,7 @@ LIB_OBJ   += $(LIB_CU:%.cu=$(BUILD)/obj/%.o) $(SM90_CU:%.cu=$(BUILD)/obj/%.o)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 endif
 
-CLI_C     := $(wildcard src/cli/*.c)
+CLI_C     := $(wildcard src/cli/*.c src/server/*.c)
 TEST_C    := $(wildcard tests/test_*.c)
 TEST_HELP := $(filter-out $(TEST_C),$(wildcard tests/*.c))
 TEST_BIN  := $(TEST_C:tests/%.c=$(BUILD)/tests/%)

@@ -7,6 +7,7 @@
 #include "kdt/ops.h"
 
 int kdt_cmd_generate(int argc, char **argv); /* generate.c */
+int kdt_cmd_serve(int argc, char **argv);    /* src/server/serve.c */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -18,6 +19,8 @@ static void usage(FILE *f) {
             "  kdt generate [--model DIR] --prompt-ids 1,2,3 --max-new N [--backend cpu|cuda]\n"
             "               [--spec none|lookup|model] [--depth D] [--topk K] [--budget N]\n"
             "                                                        greedy decoding (kdt generate --help)\n"
+            "  kdt serve [--model DIR] [--host H] [--port P] [--spec none|lookup|model] ...\n"
+            "                                                        OpenAI-compatible HTTP server (kdt serve --help)\n"
             "  kdt --help                                            this text\n"
             "\n"
             "options:\n"
@@ -124,6 +127,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 2, argv + 2);
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
     if (strcmp(argv[1], "generate") == 0) return kdt_cmd_generate(argc - 2, argv + 2);
+    if (strcmp(argv[1], "serve") == 0) return kdt_cmd_serve(argc - 2, argv + 2);
     fprintf(stderr, "kdt: unknown command '%s' (see kdt --help)\n", argv[1]);
     return 2;
 }
