@@ -113,6 +113,8 @@ static int admit(server *S) {
         }
     }
     S->queue_tail = last;
+    int32_t reserved;
+    kdt_spec_session_blocks(S->sess, &S->blocks_used, &reserved, &S->blocks_total);
     int running = 0;
     for (int i = 0; i < S->o.max_batch; i++) running += S->slots[i] != NULL;
     return running;
@@ -139,8 +141,6 @@ static void publish(server *S, const int32_t *emitted) {
     S->met.request_steps = st->request_steps;
     S->met.accepted = st->accepted;
     S->met.batch = batch;
-    int32_t reserved;
-    kdt_spec_session_blocks(S->sess, &S->blocks_used, &reserved, &S->blocks_total);
     const double now = srv_now();
     if (now - S->met.rate_t0 >= 1.0) {
         S->met.tokens_per_s = (double)(S->met.generated_tokens - S->met.rate_tokens0) / (now - S->met.rate_t0);
