@@ -14,7 +14,8 @@ CXXFLAGS ?= -O2 -g
 CXXFLAGS += -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude -Isrc -MMD -MP
 CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
             -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
-LDLIBS   := -lm -lpthread -lcjson -lmicrohttpd
+LDLIBS   := -lm -lpthread -lcjson
+SERVE_LIBS := -lmicrohttpd   # kdt serve's HTTP library, for the kdt binary alone
 
 # sm_90 and sm_120 machine code plus PTX for later chips; Hopper-only kernels (src/cuda/sm90/)
 # are built for sm_90a alone, where wgmma and setmaxnreg exist.
@@ -82,7 +83,7 @@ $(BUILD)/libkdt.so: $(LIB_OBJ)
 	$(CC) $(LDFLAGS) -shared -o $@ $^ $(LDLIBS)
 
 $(BUILD)/kdt: $(CLI_C:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkdt.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(SERVE_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELP:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)
