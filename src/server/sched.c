@@ -11,6 +11,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/internal.h"
+#include "model/internal.h"
 #include "server/server.h"
 
 #define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate` without --model */
@@ -22,9 +24,24 @@ static void job_fail(srv_job *j, int status, const char *msg) {
     pthread_cond_broadcast(&j->cv);
 }
 
+/* --random-config: a config.json's model with random weights on the device, for load tests at
+ * real dims without a checkpoint. */
+static kdt_status load_random(const char *path, kdt_model **out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return kdt_fail(KDT_ERR_IO, "--random-config %s: cannot open", path);
+    char text[65536];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    kdt_model_config cfg;
+    kdt_status s = kdt_model_config_parse(text, n, path, &cfg);
+    return s == KDT_OK ? kdt_model_random_cuda(&cfg, BUILTIN_SEED, KDT_BF16, out) : s;
+}
+
 static kdt_status load(server *S) {
     const srv_options *o = &S->o;
-    kdt_status s = o->model_dir ? kdt_model_load(o->model_dir, o->backend, &S->model) : kdt_model_builtin(BUILTIN_SEED, o->backend, &S->model);
+    kdt_status s = o->random_config ? load_random(o->random_config, &S->model)
+                   : o->model_dir   ? kdt_model_load(o->model_dir, o->backend, &S->model)
+                                    : kdt_model_builtin(BUILTIN_SEED, o->backend, &S->model);
     if (s != KDT_OK) return s;
     const kdt_model_config *cf = kdt_model_get_config(S->model);
     if (o->model_dir && kdt_tokenizer_load(o->model_dir, &S->tok) != KDT_OK) {

@@ -25,6 +25,7 @@ double srv_now(void) {
     "                 [--spec none|lookup|model] [--depth D] [--topk K] [--budget N] [--draft-model DIR]\n"     \
     "                 [--api-key KEY] [--max-batch N] [--max-queue N] [--ctx N] [--prefill-chunk N]\n"          \
     "                 [--queue-timeout S] [--drain-timeout S] [--timeout S] [--max-body BYTES]\n"               \
+    "                 [--random-config CONFIG.json]\n"                                                         \
     "  An OpenAI-compatible HTTP server (docs/serve.md): POST /v1/completions, /v1/chat/completions,\n"         \
     "  GET /v1/models, /health, /metrics. Without --model, the built-in model (token id prompts).\n"             \
     "  --port 0 picks a free port; the line `listening on http://HOST:PORT` on stderr names it.\n"              \
@@ -33,7 +34,9 @@ double srv_now(void) {
     "  60 s; then 503); --ctx: the longest prompt + max_tokens (default the model's, at most 4096);\n"          \
     "  --prefill-chunk: prompt rows per step over all requests (default 512); --timeout: seconds a\n"           \
     "  connection may sit idle or half-sent (default 15); --max-body: request bytes (default 1 MiB, then\n"     \
-    "  413); --drain-timeout: seconds requests get to finish after SIGTERM (default 10).\n"
+    "  413); --drain-timeout: seconds requests get to finish after SIGTERM (default 10).\n"                   \
+    "  --random-config: instead of --model, that config's model with random bf16 weights on the GPU\n"        \
+    "  (load tests at real dims; served as `random`).\n"
 
 static int usage_error(const char *msg, const char *arg) {
     fprintf(stderr, "kdt serve: %s%s%s\n%s", msg, arg ? " " : "", arg ? arg : "", USAGE);
@@ -92,6 +95,7 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
             default: o->max_body = (long)x; break;
             }
         } else if (strcmp(a, "--model") == 0) o->model_dir = v;
+        else if (strcmp(a, "--random-config") == 0) o->random_config = v;
         else if (strcmp(a, "--draft-model") == 0) o->draft_dir = v;
         else if (strcmp(a, "--host") == 0) o->host = v;
         else if (strcmp(a, "--api-key") == 0) o->api_key = v;
@@ -107,6 +111,8 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
         }
     }
     if (o->draft_dir && strcmp(o->spec, "model") != 0) return usage_error("--draft-model needs --spec model", NULL);
+    if (o->random_config && (o->model_dir || o->backend != KDT_BACKEND_CUDA))
+        return usage_error("--random-config takes the place of --model and needs --backend cuda", NULL);
     return -1;
 }
 
@@ -114,7 +120,7 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
 static void name_model(server *S) {
     const char *d = S->o.model_dir;
     if (!d) {
-        snprintf(S->model_name, sizeof S->model_name, "kdt-builtin");
+        snprintf(S->model_name, sizeof S->model_name, "%s", S->o.random_config ? "random" : "kdt-builtin");
         return;
     }
     size_t n = strlen(d);

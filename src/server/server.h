@@ -43,7 +43,7 @@ typedef struct srv_job {
 } srv_job;
 
 typedef struct srv_options {
-    const char *model_dir, *draft_dir, *host, *api_key, *spec;
+    const char *model_dir, *draft_dir, *random_config, *host, *api_key, *spec;
     int port, max_batch, max_queue, ctx, depth, topk, budget, prefill_chunk;
     double queue_timeout, drain_timeout, io_timeout;
     long max_body;
