@@ -92,7 +92,7 @@ char *srv_error_json(const char *message, const char *type, const char *param, c
 char *srv_response_json(const server *S, const srv_job *j, const char *text, const char *finish);
 char *srv_chunk_json(const server *S, const srv_job *j, int32_t from, int32_t to, const char *text, const char *finish, int first);
 
-/* chat.c: the prompt text of messages (a cJSON array) under the tokenizer's chat template. 0, or
+/* chat.c: the prompt text of messages (a cJSON array) under the chat template tmpl (kdt_chat_render). 0, or
  * an HTTP status with *err (malloc'd JSON). */
 int srv_chat_render(const char *tmpl, const void *messages, char **text, char **err);
 
