@@ -113,7 +113,8 @@ typedef struct kdt_spec_params {
     int32_t pad_tree;             /* 0: each request verifies num_nodes + 1 rows; 1: always N + 1 rows
                                      (fill rows see only themselves; static shapes) */
     int32_t sync_timing;          /* CUDA: synchronize after each phase so that the split is exact */
-    int32_t prefill_chunk;        /* most prompt rows one step prefills, over all requests; 0: no limit */
+    int32_t prefill_chunk;        /* most prompt rows one step prefills, over all requests; 0: no limit
+                                     (a drafter that wants hidden states gets whole prompts) */
 } kdt_spec_params;
 
 /* Times in seconds, host clock (after a synchronize on CUDA when sync_timing). */

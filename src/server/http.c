@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
 #include <microhttpd.h>
 
 #include "server/server.h"
@@ -346,10 +347,16 @@ static int authorized(const server *S, struct MHD_Connection *c) {
 }
 
 static char *models_json(const server *S) {
-    char *s = malloc(512);
-    if (s)
-        snprintf(s, 512, "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":0,\"owned_by\":\"kdt\","
-                         "\"context_length\":%d}]}", S->model_name, S->ctx);
+    cJSON *r = cJSON_CreateObject(), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), m);
+    cJSON_AddStringToObject(m, "id", S->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "kdt");
+    cJSON_AddNumberToObject(m, "context_length", S->ctx);
+    char *s = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
     return s;
 }
 
