@@ -316,7 +316,7 @@ static enum MHD_Result completion(server *S, struct MHD_Connection *c, conn *k) 
         }
     enum MHD_Result r;
     if (j->http_status) r = respond_error(S, c, k->route, j->http_status, j->error, "server_error", NULL);
-    else r = respond_json(S, c, k->route, 200, srv_response_json(S, j, t->text, finish_reason(t)));
+    else r = respond_json(S, c, k->route, 200, srv_response_json(S, j, t->n_seen, t->text, finish_reason(t)));
     track_free(t);
     free(t);
     return r;

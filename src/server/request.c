@@ -235,13 +235,20 @@ static cJSON *envelope(const server *S, const srv_job *j, const char *object) {
     return r;
 }
 
+static void add_usage(cJSON *r, const srv_job *j, int32_t n) {
+    cJSON *u = cJSON_AddObjectToObject(r, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->prompt_len);
+    cJSON_AddNumberToObject(u, "completion_tokens", n);
+    cJSON_AddNumberToObject(u, "total_tokens", j->prompt_len + n);
+}
+
 static char *print_free(cJSON *r) {
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
     return s;
 }
 
-char *srv_response_json(const server *S, const srv_job *j, const char *text, const char *finish) {
+char *srv_response_json(const server *S, const srv_job *j, int32_t n, const char *text, const char *finish) {
     cJSON *r = envelope(S, j, j->chat ? "chat.completion" : "text_completion");
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
@@ -253,13 +260,10 @@ char *srv_response_json(const server *S, const srv_job *j, const char *text, con
         cJSON_AddStringToObject(c, "text", text ? text : "");
         cJSON_AddNullToObject(c, "logprobs");
     }
-    cJSON_AddItemToObject(c, "token_ids", ids_array(j, 0, j->n_ready));
+    cJSON_AddItemToObject(c, "token_ids", ids_array(j, 0, n));
     cJSON_AddStringToObject(c, "finish_reason", finish);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
-    cJSON *u = cJSON_AddObjectToObject(r, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", j->prompt_len);
-    cJSON_AddNumberToObject(u, "completion_tokens", j->n_ready);
-    cJSON_AddNumberToObject(u, "total_tokens", j->prompt_len + j->n_ready);
+    add_usage(r, j, n);
     return print_free(r);
 }
 
@@ -279,11 +283,6 @@ char *srv_chunk_json(const server *S, const srv_job *j, int32_t from, int32_t to
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
-    if (finish) {
-        cJSON *u = cJSON_AddObjectToObject(r, "usage");
-        cJSON_AddNumberToObject(u, "prompt_tokens", j->prompt_len);
-        cJSON_AddNumberToObject(u, "completion_tokens", j->n_ready);
-        cJSON_AddNumberToObject(u, "total_tokens", j->prompt_len + j->n_ready);
-    }
+    if (finish) add_usage(r, j, to);
     return print_free(r);
 }

@@ -87,9 +87,10 @@ typedef struct server {
 int   srv_job_from_body(server *S, int chat, const char *body, size_t len, srv_job **out, char **err);
 void  srv_job_unref(server *S, srv_job *j);         /* under S->mu */
 char *srv_error_json(const char *message, const char *type, const char *param, const char *code);
-/* The JSON of a finished job (non-streaming), or one SSE chunk's JSON for tokens [from, to) and
- * text (may be NULL: no tokenizer); finish NULL while streaming. */
-char *srv_response_json(const server *S, const srv_job *j, const char *text, const char *finish);
+/* The JSON of a finished job's n tokens (non-streaming), or one SSE chunk's JSON for tokens
+ * [from, to) and text (may be NULL: no tokenizer); finish NULL until the last chunk (whose usage
+ * counts `to` tokens). Token counts come from the connection's own snapshot, never n_ready. */
+char *srv_response_json(const server *S, const srv_job *j, int32_t n, const char *text, const char *finish);
 char *srv_chunk_json(const server *S, const srv_job *j, int32_t from, int32_t to, const char *text, const char *finish, int first);
 
 /* chat.c: the prompt text of messages (a cJSON array) under the chat template tmpl (kdt_chat_render). 0, or
