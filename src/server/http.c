@@ -208,7 +208,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (t->done) continue;
         /* Text that a stop string could still take back is held. */
-        const size_t safe = t->len > t->sent + t->max_stop ? t->len - t->max_stop : t->sent;
+        size_t safe = t->len > t->sent + t->max_stop ? t->len - t->max_stop : t->sent;
+        while (safe > t->sent && ((unsigned char)t->text[safe] & 0xC0) == 0x80) safe--; /* whole UTF-8 characters */
         if (t->n_seen == t->n_sent && safe == t->sent && !(t->first && t->j->chat)) continue;
         char save = 0;
         if (t->text) {
