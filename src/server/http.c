@@ -52,7 +52,6 @@ static enum MHD_Result respond_error(server *S, struct MHD_Connection *c, int ro
 typedef struct track {
     server *S;
     srv_job *j;
-    int route;
     int32_t n_seen, n_sent;     /* tokens turned into text; token ids streamed */
     kdt_detok_stream *ds;
     char *text;
@@ -149,8 +148,8 @@ static int pull(track *t) {
 
 static const char *finish_reason(const track *t) { return t->stopped || t->j->eos ? "stop" : "length"; }
 
-static int track_init(track *t, server *S, srv_job *j, int route) {
-    *t = (track){.S = S, .j = j, .route = route, .first = 1};
+static int track_init(track *t, server *S, srv_job *j) {
+    *t = (track){.S = S, .j = j, .first = 1};
     for (int i = 0; i < j->n_stop; i++)
         if (strlen(j->stop[i]) > t->max_stop) t->max_stop = strlen(j->stop[i]);
     return S->tok ? (kdt_detok_stream_create(S->tok, &t->ds) == KDT_OK ? 0 : -1) : 0;
@@ -255,7 +254,7 @@ static enum MHD_Result completion(server *S, struct MHD_Connection *c, conn *k) 
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
     track *t = calloc(1, sizeof *t);
-    if (!t || track_init(t, S, j, k->route) != 0) {
+    if (!t || track_init(t, S, j) != 0) {
         free(t);
         pthread_mutex_lock(&S->mu);
         srv_job_unref(S, j);
