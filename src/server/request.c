@@ -125,8 +125,11 @@ static int parse_options(const cJSON *b, srv_job *j, char **err) {
         j->req.top_k = (int32_t)x;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(b, "seed")) && !cJSON_IsNull(v)) {
-        if (get_int(v, -9.2e18, 1.8e19, &x)) return bad(err, 400, "seed", NULL, "seed: expected an integer");
-        j->req.seed = (uint64_t)x;
+        /* u64: beyond long long, so not through get_int */
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 18446744073709551616.0) ||
+            v->valuedouble != floor(v->valuedouble))
+            return bad(err, 400, "seed", NULL, "seed: expected an integer in 0 .. 2^64 - 1");
+        j->req.seed = (uint64_t)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(b, "stream")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsBool(v)) return bad(err, 400, "stream", NULL, "stream: expected true or false");
