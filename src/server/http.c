@@ -124,24 +124,24 @@ static int pull(track *t) {
     const int32_t n = j->n_ready;
     const int done = j->state == JOB_DONE, eos = j->eos;
     pthread_mutex_unlock(&S->mu);
-    const size_t before = t->len;
-    for (; t->n_seen < n && !t->stopped; t->n_seen++) {
-        const int32_t id = j->req.out[t->n_seen];
-        if (eos && t->n_seen == n - 1) continue; /* the eos token has no text */
+    /* Token by token, so that a stop string ends the tokens too at the one that completed it. */
+    while (t->n_seen < n && !t->stopped) {
+        const int32_t id = j->req.out[t->n_seen++];
+        if (eos && t->n_seen == n) continue; /* the eos token has no text */
+        const size_t at = t->len;
         const char *piece;
         size_t plen;
         if (t->ds && kdt_detok_stream_push(t->ds, id, &piece, &plen) == KDT_OK) text_add(t, piece, plen);
+        if (j->n_stop && t->len > at) check_stop(t, at);
     }
     if (done && t->ds && !t->stopped) {
+        const size_t at = t->len;
         const char *piece;
         size_t plen;
         if (kdt_detok_stream_flush(t->ds, &piece, &plen) == KDT_OK) text_add(t, piece, plen);
+        if (j->n_stop && t->len > at) check_stop(t, at);
     }
-    if (j->n_stop && t->len > before) check_stop(t, before);
-    if (t->stopped) {
-        cancel(t);
-        t->n_seen = n;
-    }
+    if (t->stopped) cancel(t);
     t->done = done || t->stopped;
     return 0;
 }
