@@ -17,6 +17,7 @@ KDT_CXXFLAGS := -std=c++20 -pthread -Wall -Wextra -Wno-unknown-pragmas -Iinclude
 KDT_CFLAGS   := -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc \
                 -D_GNU_SOURCE -DKDT_HAVE_CUDA=$(KDT_CUDA) -MMD -MP
 KDT_LDLIBS   := -lm -lpthread -lcjson -lpcre2-8
+SERVE_LIBS   := -lmicrohttpd   # kdt serve's HTTP library, for the kdt binary alone
 
 # sm_90 and sm_120 machine code plus PTX for later chips; Hopper-only kernels (src/cuda/sm90/)
 # are built for sm_90a alone, where wgmma and setmaxnreg exist.
@@ -41,7 +42,7 @@ KDT_CFLAGS += -I$(CUDA_HOME)/include
 KDT_LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 endif
 
-CLI_C     := $(wildcard src/cli/*.c)
+CLI_C     := $(wildcard src/cli/*.c src/server/*.c)
 TEST_C    := $(wildcard tests/test_*.c)
 TEST_HELP := $(filter-out $(TEST_C),$(wildcard tests/*.c))
 TEST_BIN  := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
@@ -89,7 +90,7 @@ $(BUILD)/libkdt.so: $(LIB_OBJ)
 	$(CC) $(LDFLAGS) -shared -o $@ $^ $(KDT_LDLIBS) $(LDLIBS)
 
 $(BUILD)/kdt: $(CLI_C:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkdt.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(KDT_LDLIBS) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(KDT_LDLIBS) $(LDLIBS) $(SERVE_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELP:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)

@@ -15,10 +15,10 @@ summary=()
 note() { summary+=("$*"); echo "## $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
-# cJSON and PCRE2: Debian's libcjson and libpcre2-dev, carried as .deb files where the machine lacks
+# cJSON, PCRE2 and libmicrohttpd (kdt serve): Debian's, carried as .deb files where the machine lacks
 # them (no network there).
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-if { ! ldconfig -p | grep -q libcjson || [ ! -e /usr/include/pcre2.h ]; } && [ -d .deb ]; then
+if { ! ldconfig -p | grep -q libcjson || [ ! -e /usr/include/pcre2.h ] || ! ldconfig -p | grep -q libmicrohttpd; } && [ -d .deb ]; then
     for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
     lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
     MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")

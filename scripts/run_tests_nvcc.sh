@@ -35,8 +35,8 @@ fi
 rm -f "$BUILD/libkdt.a"; ar rcs "$BUILD/libkdt.a" "${objs[@]}"
 $CC -shared -o "$BUILD/libkdt.so" "${objs[@]}" $LIBS
 
-cli=(); for f in src/cli/*.c; do o="$BUILD/obj/${f//\//_}.o"; $CC $CFLAGS -c "$f" -o "$o"; cli+=("$o"); done
-$CC -o "$BUILD/kdt" "${cli[@]}" "$BUILD/libkdt.a" $LIBS
+cli=(); for f in src/cli/*.c src/server/*.c; do o="$BUILD/obj/${f//\//_}.o"; $CC $CFLAGS -c "$f" -o "$o"; cli+=("$o"); done
+$CC -o "$BUILD/kdt" "${cli[@]}" "$BUILD/libkdt.a" $LIBS -lmicrohttpd
 
 helpers=(); for f in tests/*.c; do case $f in tests/test_*) continue;; esac
     o="$BUILD/obj/${f//\//_}.o"; $CC $CFLAGS -c "$f" -o "$o"; helpers+=("$o"); done

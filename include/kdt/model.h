@@ -109,6 +109,8 @@ KDT_API void       kdt_cache_free(kdt_cache *c);
 KDT_API int32_t    kdt_cache_len(const kdt_cache *c, int32_t req);       /* rows held; -1 if req is out of range */
 KDT_API kdt_status kdt_cache_reset(kdt_cache *c, int32_t req);           /* empties a request */
 KDT_API kdt_status kdt_cache_truncate(kdt_cache *c, int32_t req, int32_t len); /* keeps rows [0, len) */
+KDT_API int32_t    kdt_cache_num_blocks(const kdt_cache *c);             /* the pool's blocks */
+KDT_API int32_t    kdt_cache_free_blocks(const kdt_cache *c);            /* of those, not held by a request */
 
 /* The pieces kdt_kv_commit and verify_attn take, for one layer (backend memory), as of this call:
  * on CUDA the device block table and lengths are updated here, not by forwards and commits, so take

@@ -66,6 +66,9 @@ typedef struct kdt_drafter {
      * candidate k of depth d is a guess of the token d + 1 places after the root. */
     kdt_status (*propose)(void *state, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens);
     kdt_status (*observe)(void *state, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb);
+    /* The request in slot left (a session reuses slots): the slot starts empty again. NULL: the
+     * drafter keeps nothing per slot. */
+    kdt_status (*reset)(void *state, int32_t slot);
     void (*destroy)(void *state);
 } kdt_drafter;
 
@@ -114,6 +117,8 @@ typedef struct kdt_spec_params {
      * the request's index in reqs; lets a caller stream text before the run ends. */
     void (*on_tokens)(void *user, int32_t req, const int32_t *toks, int32_t n);
     void *user;                   /* on_tokens's first argument */
+    int32_t prefill_chunk;        /* most prompt rows one step prefills, over all requests; 0: no limit
+                                     (a drafter that wants hidden states gets whole prompts) */
 } kdt_spec_params;
 
 /* Times in seconds, host clock (after a synchronize on CUDA when sync_timing). */
@@ -140,6 +145,41 @@ typedef struct kdt_spec_stats {
  * request pointer is host memory; stream is the CUDA stream (NULL on CPU). stats may be NULL. */
 KDT_API kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *drafter, const kdt_spec_params *p, int32_t B,
                                      kdt_spec_request *reqs, kdt_spec_stats *stats, void *stream);
+
+/* ---- Sessions: the loop one step at a time, requests joining and leaving between steps ----
+ * (continuous batching). Slots 0 .. max_slots - 1 each hold at most one request. A request added
+ * to a slot is prefilled over the next steps (at most prefill_chunk prompt rows per step over all
+ * requests, so that a long prompt does not stall the others), then takes part in every step until
+ * it ends (max_new tokens or eos); its tokens are those of kdt_spec_generate on it alone. Each
+ * request's worst case of cache blocks is reserved when it is added, so a step never runs out of
+ * cache: a request that does not fit is refused by add (KDT_ERR_NOMEM) and can wait. One thread at
+ * a time per session; kdt_spec_session_check and _fits only read what create fixed. */
+typedef struct kdt_spec_session kdt_spec_session;
+
+/* max_len: the longest request (prompt_len + max_new); num_blocks: the target's cache blocks of
+ * KDT_CACHE_BLOCK rows (0: enough for every slot at max_len). The drafter (NULL: plain greedy
+ * decoding) is begun for max_slots slots and must outlive the session. */
+KDT_API kdt_status kdt_spec_session_create(kdt_model *m, kdt_drafter *drafter, const kdt_spec_params *p, int32_t max_slots,
+                                           int32_t max_len, int32_t num_blocks, void *stream, kdt_spec_session **out);
+KDT_API void       kdt_spec_session_free(kdt_spec_session *s);
+/* Whether req could be added: prompt and lengths, token ids below the vocabulary, sampling. The
+ * message of a failure names the field at fault. */
+KDT_API kdt_status kdt_spec_session_check(const kdt_spec_session *s, const kdt_spec_request *req);
+/* 1 when a request of these lengths fits the cache blocks not yet reserved, else 0. */
+KDT_API int        kdt_spec_session_fits(const kdt_spec_session *s, int32_t prompt_len, int32_t max_new);
+/* Puts req in an empty slot; req (and its prompt and out) stay the caller's and must live until
+ * the slot is removed. Its outputs (out, n_out, steps, accepted) grow as steps run. */
+KDT_API kdt_status kdt_spec_session_add(kdt_spec_session *s, int32_t slot, kdt_spec_request *req);
+/* One step: prefill chunks of the requests still prefilling, then one speculative (or plain)
+ * step over those decoding. emitted [max_slots] (may be NULL): the tokens each slot's request
+ * gained. A failed step leaves the session unusable but safe to free. */
+KDT_API kdt_status kdt_spec_session_step(kdt_spec_session *s, int32_t *emitted);
+/* Empties a slot (finished or not) and gives its cache blocks back at once. */
+KDT_API kdt_status kdt_spec_session_remove(kdt_spec_session *s, int32_t slot);
+KDT_API int32_t    kdt_spec_session_pending(const kdt_spec_session *s);    /* requests not yet finished */
+KDT_API int        kdt_spec_session_finished(const kdt_spec_session *s, int32_t slot); /* 1: ended (max_new or eos) */
+KDT_API const kdt_spec_stats *kdt_spec_session_stats(const kdt_spec_session *s);   /* since create */
+KDT_API void       kdt_spec_session_blocks(const kdt_spec_session *s, int32_t *used, int32_t *reserved, int32_t *total);
 
 #ifdef __cplusplus
 }

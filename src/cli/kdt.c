@@ -9,6 +9,7 @@
 int kdt_cmd_generate(int argc, char **argv); /* generate.c */
 int kdt_cmd_tokenize(int argc, char **argv);   /* tokenize.c */
 int kdt_cmd_detokenize(int argc, char **argv); /* tokenize.c */
+int kdt_cmd_serve(int argc, char **argv);    /* src/server/serve.c */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -22,6 +23,8 @@ static void usage(FILE *f) {
             "                                                        greedy decoding (kdt generate --help)\n"
             "  kdt tokenize --model DIR [--file F]                   text (F or stdin) -> token ids on one line\n"
             "  kdt detokenize --model DIR                            token ids on stdin -> text\n"
+            "  kdt serve [--model DIR] [--host H] [--port P] [--spec none|lookup|model] ...\n"
+            "                                                        OpenAI-compatible HTTP server (kdt serve --help)\n"
             "  kdt --help                                            this text\n"
             "\n"
             "options:\n"
@@ -156,6 +159,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "generate") == 0) return kdt_cmd_generate(argc - 2, argv + 2);
     if (strcmp(argv[1], "tokenize") == 0) return kdt_cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(argv[1], "detokenize") == 0) return kdt_cmd_detokenize(argc - 2, argv + 2);
+    if (strcmp(argv[1], "serve") == 0) return kdt_cmd_serve(argc - 2, argv + 2);
     fprintf(stderr, "kdt: unknown command '%s' (see kdt --help)\n", argv[1]);
     return 2;
 }

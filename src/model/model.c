@@ -266,6 +266,9 @@ int32_t kdt_cache_len(const kdt_cache *c, int32_t req) {
     return c && req >= 0 && req < c->max_requests ? c->kv_len[req] : -1;
 }
 
+int32_t kdt_cache_num_blocks(const kdt_cache *c) { return c ? c->NB : 0; }
+int32_t kdt_cache_free_blocks(const kdt_cache *c) { return c ? c->n_free : 0; }
+
 /* Shortens req to len rows, giving back the blocks past them. */
 static void shrink(kdt_cache *c, int32_t req, int32_t len) {
     int32_t *table = c->block_table + (size_t)req * c->MB;

@@ -139,6 +139,8 @@ static kdt_status draft_observe(void *state, const kdt_draft_ctx *ctx, const kdt
     return KDT_OK;
 }
 
+static kdt_status draft_reset(void *state, int32_t slot) { return kdt_cache_reset(((draft *)state)->cache, slot); }
+
 static void draft_destroy(void *state) {
     draft_release(state);
     free(state);
@@ -158,7 +160,7 @@ kdt_status kdt_drafter_model(kdt_model *m, kdt_drafter **out) {
     r->m = m;
     r->V = kdt_model_get_config(m)->vocab_size;
     *d = (kdt_drafter){.name = "model", .state = r, .begin = draft_begin, .propose = draft_propose, .observe = draft_observe,
-                       .destroy = draft_destroy};
+                       .reset = draft_reset, .destroy = draft_destroy};
     *out = d;
     return KDT_OK;
 }

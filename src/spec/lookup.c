@@ -160,6 +160,14 @@ static kdt_status lookup_observe(void *state, const kdt_draft_ctx *ctx, const kd
     return KDT_OK;
 }
 
+static kdt_status lookup_reset(void *state, int32_t slot) {
+    lookup *L = state;
+    if (slot < 0 || slot >= L->set.slots) return kdt_fail(KDT_ERR_INVALID_ARG, "lookup drafter: slot %d out of range", slot);
+    memset(L->head + (size_t)slot * NGRAM * HASH_SIZE, 0xFF, NGRAM * HASH_SIZE * sizeof *L->head);
+    L->indexed[slot] = 0;
+    return KDT_OK;
+}
+
 static void lookup_destroy(void *state) {
     lookup_release(state);
     free(state);
@@ -176,7 +184,7 @@ kdt_status kdt_drafter_lookup(kdt_drafter **out) {
         return kdt_fail(KDT_ERR_NOMEM, "drafter_lookup: out of memory");
     }
     *d = (kdt_drafter){.name = "lookup", .state = L, .begin = lookup_begin, .propose = lookup_propose,
-                       .observe = lookup_observe, .destroy = lookup_destroy};
+                       .observe = lookup_observe, .reset = lookup_reset, .destroy = lookup_destroy};
     *out = d;
     return KDT_OK;
 }

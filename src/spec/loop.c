@@ -7,7 +7,13 @@
  * rows (tokens, positions, mask) and the cache commit its accepted paths from host memory, so
  * on CUDA a step makes two copies to the host: the tree block (num_nodes, node_token, positions,
  * tree_mask) before the forward, and the acceptance block (accept_len, status, accept_tokens,
- * accept_index) after tree_accept, which also brings the emitted tokens. */
+ * accept_index) after tree_accept, which also brings the emitted tokens.
+ *
+ * The loop is a session (kdt_spec_session_*): requests join empty slots between steps, are
+ * prefilled in chunks, then decode until they end; kdt_spec_generate adds its batch and steps
+ * until every request has ended. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,18 +24,25 @@
 #include "kdt/ops.h"
 #include "spec/internal.h"
 
-typedef struct loop {
+typedef struct kdt_spec_session loop;
+
+struct kdt_spec_session {
     kdt_model *m;
     kdt_drafter *dr;
     kdt_spec_params p;
     kdt_backend be;
     void *stream;
-    kdt_spec_stats *st;
-    kdt_spec_request *reqs;
+    kdt_spec_stats *st;         /* -> stats */
+    kdt_spec_stats stats;
     int32_t B, D, K, N, Q, V, hid;
+    int32_t max_len;            /* longest request, prompt + max_new */
     kdt_cache *cache;
-    /* Requests, by slot (host). */
-    int32_t **hist, *hist_len, *done;
+    /* Requests, by slot (host): the request (NULL: empty slot), its history, whether it ended,
+     * its prompt rows in the cache so far, its reserved cache blocks, whether the slot was ever
+     * used (the drafter must then forget it before reuse). */
+    kdt_spec_request **reqs;
+    int32_t **hist, *hist_len, *done, *filled, *reserved, *used;
+    int32_t n_reserved;
     /* Requests of the current step (host): slot, history, length, tokens added, rows. */
     int32_t Ba, *act, *act_len, *n_new, *n_rows, *row_start;
     const int32_t **act_hist;
@@ -52,13 +65,13 @@ typedef struct loop {
     int32_t *f_tok, *f_pos;     /* [B * Q] */
     uint8_t *f_mask;            /* [B * Q * Q] */
     int32_t *c_req, *c_len, *c_idx; /* [B], [B], [B * Q]: one commit group */
-    /* Sampling (some request has temperature > 0). samp: this step's seed u64 [Ba], then
+    /* Sampling (some request of this step has temperature > 0). samp: this step's seed u64 [Ba], then
      * temperature f32, top_k i32, top_p f32 [Ba] each; one: the root-only trees of plain decoding,
      * node_token, node_parent, num_nodes, accept_len, status, accept_index, accept_tokens [Ba] each. */
     int sampling;
     void *samp, *h_samp;
     int32_t *one, *h_one;
-} loop;
+};
 
 static double now_s(void) {
     struct timespec ts;
@@ -126,19 +139,24 @@ static void loop_free(loop *L) {
     free(L->f_tok); free(L->f_pos); free(L->f_mask);
     free(L->c_req); free(L->c_len); free(L->c_idx);
     for (int32_t b = 0; L->hist && b < L->B; b++) free(L->hist[b]);
-    free(L->hist); free(L->hist_len); free(L->done);
+    free(L->hist); free(L->hist_len); free(L->done); free(L->reqs); free(L->filled); free(L->reserved); free(L->used);
     free(L->act); free(L->act_len); free(L->n_new); free(L->n_rows); free(L->row_start); free(L->act_hist);
     kdt_cache_free(L->cache);
 }
 
 static size_t tree_io_bytes(int32_t B, int32_t Q) { return (size_t)B * (1 + 2 * (size_t)Q) * 4 + (size_t)B * Q * Q; }
 
-static kdt_status loop_alloc(loop *L, int32_t max_len) {
+static kdt_status loop_alloc(loop *L, int32_t num_blocks) {
     const size_t B = (size_t)L->B, Q = (size_t)L->Q, dk = (size_t)L->D * L->K, rows = L->dr ? B * Q : B;
-    kdt_status s = kdt_cache_create(L->m, L->B, max_len, 0, &L->cache);
+    /* The cache holds a history without its root, plus the tree rows being verified. */
+    kdt_status s = kdt_cache_create(L->m, L->B, L->max_len + L->Q, num_blocks, &L->cache);
     L->hist = s == KDT_OK ? calloc(B, sizeof *L->hist) : NULL;
     L->hist_len = calloc(B, sizeof *L->hist_len);
     L->done = calloc(B, sizeof *L->done);
+    L->reqs = calloc(B, sizeof *L->reqs);
+    L->filled = calloc(B, sizeof *L->filled);
+    L->reserved = calloc(B, sizeof *L->reserved);
+    L->used = calloc(B, sizeof *L->used);
     L->act = malloc(B * sizeof *L->act);
     L->act_len = malloc(B * sizeof *L->act_len);
     L->n_new = malloc(B * sizeof *L->n_new);
@@ -151,20 +169,17 @@ static kdt_status loop_alloc(loop *L, int32_t max_len) {
     L->d_rows = be_alloc(L, 2 * B * sizeof(int32_t), &s);
     L->pred = be_alloc(L, B * Q * sizeof(int32_t), &s);
     L->h_pred = host_alloc(L, L->pred, B * Q * sizeof(int32_t), &s);
-    if (s == KDT_OK && (!L->hist || !L->hist_len || !L->done || !L->act || !L->act_len || !L->n_new || !L->n_rows ||
-                        !L->row_start || !L->act_hist || !L->f_tok || !L->f_pos))
+    if (s == KDT_OK && (!L->hist || !L->hist_len || !L->done || !L->reqs || !L->filled || !L->reserved || !L->used ||
+                        !L->act || !L->act_len || !L->n_new || !L->n_rows || !L->row_start || !L->act_hist || !L->f_tok ||
+                        !L->f_pos))
         s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for %zu rows of %d logits", rows, L->V);
-    if (L->sampling) {
-        L->samp = be_alloc(L, B * 20, &s);
-        L->one = be_alloc(L, 7 * B * sizeof(int32_t), &s);
-        L->h_samp = host_alloc(L, L->samp, B * 20, &s);
-        L->h_one = host_alloc(L, L->one, 7 * B * sizeof(int32_t), &s);
-    }
-    for (int32_t b = 0; s == KDT_OK && b < L->B; b++) {
-        const kdt_spec_request *r = &L->reqs[b];
-        if (!(L->hist[b] = malloc(((size_t)r->prompt_len + r->max_new) * sizeof **L->hist)))
-            s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for request %d's history", b);
-    }
+    L->samp = be_alloc(L, B * 20, &s);
+    L->one = be_alloc(L, 7 * B * sizeof(int32_t), &s);
+    L->h_samp = host_alloc(L, L->samp, B * 20, &s);
+    L->h_one = host_alloc(L, L->one, 7 * B * sizeof(int32_t), &s);
+    for (int32_t b = 0; s == KDT_OK && b < L->B; b++)
+        if (!(L->hist[b] = malloc((size_t)L->max_len * sizeof **L->hist)))
+            s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for slot %d's history", b);
     if (!L->dr || s != KDT_OK) return s;
     if (L->dr->wants_hidden) L->hidden = be_alloc(L, rows * (size_t)L->hid * sizeof(float), &s);
     L->f_mask = malloc(B * Q * Q);
@@ -188,23 +203,33 @@ static kdt_status loop_alloc(loop *L, int32_t max_len) {
 
 /* Appends tok to slot s's history and output; ends the request at max_new or eos. */
 static void push(loop *L, int32_t s, int32_t tok) {
-    kdt_spec_request *r = &L->reqs[s];
+    kdt_spec_request *r = L->reqs[s];
     L->hist[s][L->hist_len[s]++] = tok;
     r->out[r->n_out++] = tok;
     if (L->p.on_tokens) L->p.on_tokens(L->p.user, s, &tok, 1);
     if (r->n_out == r->max_new || tok == L->p.eos) L->done[s] = 1;
 }
 
-/* The unfinished requests, in slot order. */
+static int prefilled(const loop *L, int32_t s) { return L->filled[s] == L->reqs[s]->prompt_len; }
+
+/* Whether some request of this step's active set samples (temperature > 0): then acceptance is
+ * tree_sample_accept, whose temperature-0 requests follow tree_accept exactly. */
+static void set_sampling(loop *L) {
+    L->sampling = 0;
+    for (int32_t a = 0; a < L->Ba; a++) L->sampling |= L->reqs[L->act[a]]->temperature > 0.0f;
+}
+
+/* The unfinished requests past their prefill, in slot order. */
 static void gather_active(loop *L) {
     L->Ba = 0;
     for (int32_t s = 0; s < L->B; s++)
-        if (!L->done[s]) {
+        if (L->reqs[s] && !L->done[s] && prefilled(L, s)) {
             L->act[L->Ba] = s;
             L->act_hist[L->Ba] = L->hist[s];
             L->act_len[L->Ba] = L->hist_len[s];
             L->Ba++;
         }
+    set_sampling(L);
 }
 
 static kdt_draft_ctx ctx_of(const loop *L) {
@@ -245,7 +270,7 @@ static kdt_status sample_params(loop *L, kdt_tree_sample_accept_params *p) {
     float *temp = (float *)(seed + Ba), *topp = temp + 2 * (size_t)Ba;
     int32_t *topk = (int32_t *)(temp + Ba);
     for (int32_t a = 0; a < Ba; a++) {
-        const kdt_spec_request *r = &L->reqs[L->act[a]];
+        const kdt_spec_request *r = L->reqs[L->act[a]];
         seed[a] = kdt_sample_step_seed(r->seed, (uint32_t)L->act_len[a]);
         temp[a] = r->temperature;
         topk[a] = r->top_k;
@@ -280,17 +305,24 @@ static kdt_status next_tokens(loop *L) {
     return s;
 }
 
-/* Prompts in one forward; each request's first token from its last row. */
+/* The next prompt chunk of each request still prefilling (slot order, prefill_chunk rows over
+ * all of them), in one forward; a request whose prompt is then all cached gets its first token
+ * from its last row, and the drafter observes its prefill. */
 static kdt_status prefill(loop *L) {
-    gather_active(L);
-    if (L->Ba == 0) return KDT_OK;
-    int64_t R = 0;
-    for (int32_t a = 0; a < L->Ba; a++) {
-        const kdt_spec_request *r = &L->reqs[L->act[a]];
-        L->row_start[a] = (int32_t)R;
-        L->n_rows[a] = r->prompt_len;
-        R += r->prompt_len;
+    int64_t R = 0, left = L->p.prefill_chunk > 0 && !L->hidden ? L->p.prefill_chunk : INT64_MAX;
+    L->Ba = 0;
+    for (int32_t s = 0; s < L->B && left > 0; s++) {
+        if (!L->reqs[s] || L->done[s] || prefilled(L, s)) continue;
+        const int64_t n = L->reqs[s]->prompt_len - L->filled[s] < left ? L->reqs[s]->prompt_len - L->filled[s] : left;
+        L->act[L->Ba] = s;
+        L->act_len[L->Ba] = L->hist_len[s]; /* the seed of a sampled first token (sample_params) */
+        L->row_start[L->Ba] = (int32_t)R;
+        L->n_rows[L->Ba++] = (int32_t)n;
+        R += n;
+        left -= n;
     }
+    if (L->Ba == 0) return KDT_OK;
+    set_sampling(L);
     kdt_status s = KDT_OK;
     int32_t *tok = malloc((size_t)R * sizeof *tok);
     float *hidden = L->hidden ? be_alloc(L, (size_t)R * L->hid * sizeof(float), &s) : NULL;
@@ -299,31 +331,34 @@ static kdt_status prefill(loop *L) {
         be_free(L, hidden);
         return s != KDT_OK ? s : kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for %lld prompt rows", (long long)R);
     }
-    for (int32_t a = 0; a < L->Ba; a++) {
-        const kdt_spec_request *r = &L->reqs[L->act[a]];
-        memcpy(tok + L->row_start[a], r->prompt, (size_t)r->prompt_len * sizeof *tok);
-        memcpy(L->hist[L->act[a]], r->prompt, (size_t)r->prompt_len * sizeof *tok);
-        L->hist_len[L->act[a]] = r->prompt_len;
-    }
+    for (int32_t a = 0; a < L->Ba; a++)
+        memcpy(tok + L->row_start[a], L->reqs[L->act[a]]->prompt + L->filled[L->act[a]], (size_t)L->n_rows[a] * sizeof *tok);
     s = forward(L, tok, NULL, NULL, KDT_LOGITS_LAST, hidden);
     free(tok);
     if (s == KDT_OK) s = next_tokens(L);
-    if (s == KDT_OK) {
-        for (int32_t a = 0; a < L->Ba; a++) {
-            push(L, L->act[a], L->h_pred[a]);
-            L->act_len[a] = L->hist_len[L->act[a]];
-            L->n_new[a] = 1;
-        }
-        if (L->dr) {
-            memset(L->c_len, 0, (size_t)L->Ba * sizeof *L->c_len);
-            const kdt_draft_feedback fb = {.prefill = 1, .n_new = L->n_new, .accept_len = L->c_len, .hidden = hidden,
-                                           .row_start = L->row_start, .n_rows = L->n_rows};
-            const kdt_draft_ctx ctx = ctx_of(L);
-            s = L->dr->observe(L->dr->state, &ctx, &fb);
-        }
+    /* Keeps only the requests whose prompt is now cached, with their first token. */
+    int32_t Bf = 0;
+    for (int32_t a = 0; s == KDT_OK && a < L->Ba; a++) {
+        const int32_t slot = L->act[a];
+        if ((L->filled[slot] += L->n_rows[a]) < L->reqs[slot]->prompt_len) continue;
+        push(L, slot, L->h_pred[a]);
+        L->act[Bf] = slot;
+        L->act_hist[Bf] = L->hist[slot];
+        L->act_len[Bf] = L->hist_len[slot];
+        L->row_start[Bf] = L->row_start[a];
+        L->n_rows[Bf] = L->n_rows[a];
+        L->n_new[Bf++] = 1;
+    }
+    L->Ba = Bf;
+    if (s == KDT_OK && L->dr && Bf > 0) {
+        memset(L->c_len, 0, (size_t)Bf * sizeof *L->c_len);
+        const kdt_draft_feedback fb = {.prefill = 1, .n_new = L->n_new, .accept_len = L->c_len, .hidden = hidden,
+                                       .row_start = L->row_start, .n_rows = L->n_rows};
+        const kdt_draft_ctx ctx = ctx_of(L);
+        s = L->dr->observe(L->dr->state, &ctx, &fb);
     }
     be_free(L, hidden);
-    L->st->tokens += L->Ba;
+    L->st->tokens += Bf;
     return s;
 }
 
@@ -427,7 +462,7 @@ static kdt_status accept(loop *L) {
         if (h.status[a] != 0 || len < 0 || len >= L->n_rows[a])
             return kdt_fail(KDT_ERR_INTERNAL, "speculative loop: tree_accept gave request %d status %d, accept_len %d", slot,
                             h.status[a], len);
-        kdt_spec_request *r = &L->reqs[slot];
+        kdt_spec_request *r = L->reqs[slot];
         r->steps++;
         r->accepted += len;
         L->st->accepted += len;
@@ -491,26 +526,170 @@ static kdt_status greedy_step(loop *L) {
     if (s == KDT_OK) s = next_tokens(L);
     if (s != KDT_OK) return s;
     for (int32_t a = 0; a < L->Ba; a++) {
-        L->reqs[L->act[a]].steps++;
+        L->reqs[L->act[a]]->steps++;
         push(L, L->act[a], L->h_pred[a]);
     }
     L->st->tokens += L->Ba;
     return lap(L, &t, &L->st->t_verify);
 }
 
-/* ---- entry ---- */
+/* ---- the session ---- */
 
-static kdt_status check_args(const kdt_model *m, const kdt_drafter *dr, const kdt_spec_params *p, int32_t B,
-                             const kdt_spec_request *reqs) {
-    if (!m || !p || !reqs || B < 1) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: model, params or requests missing, or B = %d < 1", B);
+static int32_t blocks_for(int64_t rows) { return (int32_t)((rows + KDT_CACHE_BLOCK - 1) / KDT_CACHE_BLOCK); }
+
+/* A request's worst case: its history without the root, plus one tree being verified. */
+static int32_t request_blocks(const loop *L, int32_t prompt_len, int32_t max_new) {
+    return blocks_for((int64_t)prompt_len + max_new + L->Q);
+}
+
+kdt_status kdt_spec_session_create(kdt_model *m, kdt_drafter *dr, const kdt_spec_params *p, int32_t max_slots, int32_t max_len,
+                                   int32_t num_blocks, void *stream, kdt_spec_session **out) {
+    if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_create: out is NULL");
+    *out = NULL;
+    if (!m || !p || max_slots < 1 || max_len < 1 || num_blocks < 0 || p->prefill_chunk < 0)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_create: model or params missing, max_slots %d, max_len %d (need >= 1), "
+                        "num_blocks %d or prefill_chunk %d negative", max_slots, max_len, num_blocks, p ? p->prefill_chunk : 0);
     if (dr) {
         if (p->depth < 1 || p->depth > KDT_TREE_MAX_DEPTH || p->topk < 1 || p->topk > KDT_TREE_MAX_TOPK || p->budget < 1 ||
             p->budget > KDT_TREE_MAX_BUDGET || p->budget + 1 > KDT_MODEL_MAX_TREE)
-            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: depth %d, topk %d, budget %d: need 1 .. %d, 1 .. %d, 1 .. %d",
+            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session: depth %d, topk %d, budget %d: need 1 .. %d, 1 .. %d, 1 .. %d",
                             p->depth, p->topk, p->budget, KDT_TREE_MAX_DEPTH, KDT_TREE_MAX_TOPK, KDT_TREE_MAX_BUDGET);
         if (!dr->begin || !dr->propose || !dr->observe)
-            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: drafter '%s' lacks begin, propose or observe", dr->name ? dr->name : "?");
+            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session: drafter '%s' lacks begin, propose or observe", dr->name ? dr->name : "?");
     }
+    if ((int64_t)max_len + p->budget + 1 > INT32_MAX / 2)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_create: max_len %d is too long", max_len);
+    loop *L = calloc(1, sizeof *L);
+    if (!L) return kdt_fail(KDT_ERR_NOMEM, "spec_session_create: out of memory");
+    const kdt_model_config *cf = kdt_model_get_config(m);
+    *L = (loop){.m = m, .dr = dr, .p = *p, .be = kdt_model_backend(m), .stream = stream, .B = max_slots, .max_len = max_len,
+                .D = dr ? p->depth : 1, .K = dr ? p->topk : 1, .N = dr ? p->budget : 1, .V = cf->vocab_size,
+                .hid = cf->hidden_size};
+    L->st = &L->stats;
+    L->Q = L->N + 1;
+    kdt_status s = loop_alloc(L, num_blocks);
+    if (s == KDT_OK && dr) {
+        const kdt_draft_setup set = {.slots = max_slots, .max_len = max_len, .D = L->D, .K = L->K, .vocab_size = L->V,
+                                     .hidden_size = L->hid, .backend = L->be, .stream = stream};
+        s = dr->begin(dr->state, &set);
+    }
+    if (s != KDT_OK) {
+        kdt_spec_session_free(L);
+        return s;
+    }
+    *out = L;
+    return KDT_OK;
+}
+
+void kdt_spec_session_free(kdt_spec_session *L) {
+    if (!L) return;
+    loop_free(L);
+    free(L);
+}
+
+/* Every rule a request must meet, in one place (kdt serve turns a refusal into its 400). */
+kdt_status kdt_spec_session_check(const kdt_spec_session *L, const kdt_spec_request *r) {
+    if (!L || !r) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session: session or request is NULL");
+    if (!r->prompt || r->prompt_len < 1)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "prompt: %d tokens; a request needs at least one", r ? r->prompt_len : 0);
+    if (r->max_new < 0 || (r->max_new > 0 && !r->out))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "max_new: %d (need >= 0, and an output array)", r->max_new);
+    if ((int64_t)r->prompt_len + r->max_new > L->max_len)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "max_new: the prompt's %d tokens plus %d new exceed the context of %d", r->prompt_len,
+                        r->max_new, L->max_len);
+    for (int32_t i = 0; i < r->prompt_len; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= L->V)
+            return kdt_fail(KDT_ERR_INVALID_ARG, "prompt: token %d at position %d is outside the vocabulary (0 .. %d)", r->prompt[i],
+                            i, L->V - 1);
+    if (!isfinite(r->temperature) || r->temperature < 0.0f)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "temperature: %g (need finite, >= 0)", (double)r->temperature);
+    if (r->top_k < 0) return kdt_fail(KDT_ERR_INVALID_ARG, "top_k: %d (need >= 0; 0 is off)", r->top_k);
+    if (!(r->top_p >= 0.0f && r->top_p <= 1.0f)) return kdt_fail(KDT_ERR_INVALID_ARG, "top_p: %g (need 0 .. 1)", (double)r->top_p);
+    return KDT_OK;
+}
+
+int kdt_spec_session_fits(const kdt_spec_session *L, int32_t prompt_len, int32_t max_new) {
+    return L && L->n_reserved + request_blocks(L, prompt_len, max_new) <= kdt_cache_num_blocks(L->cache);
+}
+
+kdt_status kdt_spec_session_add(kdt_spec_session *L, int32_t slot, kdt_spec_request *r) {
+    kdt_status s = kdt_spec_session_check(L, r);
+    if (s != KDT_OK) return s;
+    if (slot < 0 || slot >= L->B || L->reqs[slot])
+        return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_add: slot %d is %s", slot, slot < 0 || slot >= L->B ? "out of range" : "taken");
+    const int32_t need = request_blocks(L, r->prompt_len, r->max_new), total = kdt_cache_num_blocks(L->cache);
+    if (L->n_reserved + need > total)
+        return kdt_fail(KDT_ERR_NOMEM, "spec_session_add: the request needs %d cache blocks, %d of %d are free", need,
+                        total - L->n_reserved, total);
+    if (L->used[slot] && L->dr) {
+        if (!L->dr->reset)
+            return kdt_fail(KDT_ERR_UNSUPPORTED, "spec_session_add: drafter '%s' cannot reuse slot %d (no reset)", L->dr->name, slot);
+        if ((s = L->dr->reset(L->dr->state, slot)) != KDT_OK) return s;
+    }
+    r->n_out = r->steps = r->accepted = 0;
+    memcpy(L->hist[slot], r->prompt, (size_t)r->prompt_len * sizeof **L->hist);
+    L->hist_len[slot] = r->prompt_len;
+    L->filled[slot] = 0;
+    L->done[slot] = r->max_new == 0;
+    L->reserved[slot] = need;
+    L->n_reserved += need;
+    L->used[slot] = 1;
+    L->reqs[slot] = r;
+    return KDT_OK;
+}
+
+kdt_status kdt_spec_session_remove(kdt_spec_session *L, int32_t slot) {
+    if (!L || slot < 0 || slot >= L->B)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_remove: slot %d out of range", slot);
+    if (!L->reqs[slot]) return KDT_OK;
+    L->reqs[slot] = NULL;
+    L->n_reserved -= L->reserved[slot];
+    L->reserved[slot] = 0;
+    return kdt_cache_reset(L->cache, slot);
+}
+
+kdt_status kdt_spec_session_step(kdt_spec_session *L, int32_t *emitted) {
+    if (!L) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_step: session is NULL");
+    kdt_spec_stats *st = L->st;
+    for (int32_t s = 0; emitted && s < L->B; s++) emitted[s] = L->reqs[s] ? -L->reqs[s]->n_out : 0;
+    double t = now_s();
+    kdt_status s = prefill(L);
+    if (s == KDT_OK && L->Ba > 0) s = lap(L, &t, &st->t_prefill);
+    gather_active(L);
+    if (s == KDT_OK && L->Ba > 0) {
+        st->steps++;
+        st->request_steps += L->Ba;
+        s = L->dr ? spec_step(L) : greedy_step(L);
+    }
+    for (int32_t b = 0; emitted && b < L->B; b++) emitted[b] += L->reqs[b] ? L->reqs[b]->n_out : 0;
+    return s;
+}
+
+int32_t kdt_spec_session_pending(const kdt_spec_session *L) {
+    int32_t n = 0;
+    for (int32_t s = 0; L && s < L->B; s++) n += L->reqs[s] && !L->done[s];
+    return n;
+}
+
+int kdt_spec_session_finished(const kdt_spec_session *L, int32_t slot) {
+    return L && slot >= 0 && slot < L->B && L->reqs[slot] && L->done[slot];
+}
+
+const kdt_spec_stats *kdt_spec_session_stats(const kdt_spec_session *L) { return L ? L->st : NULL; }
+
+void kdt_spec_session_blocks(const kdt_spec_session *L, int32_t *used, int32_t *reserved, int32_t *total) {
+    *total = L ? kdt_cache_num_blocks(L->cache) : 0;
+    *used = L ? *total - kdt_cache_free_blocks(L->cache) : 0;
+    *reserved = L ? L->n_reserved : 0;
+}
+
+/* ---- the batch call: a session holding every request from the start ---- */
+
+kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *dr, const kdt_spec_params *p, int32_t B, kdt_spec_request *reqs,
+                             kdt_spec_stats *stats, void *stream) {
+    if (!m || !p || !reqs || B < 1) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: model, params or requests missing, or B = %d < 1", B);
+    const double t0 = now_s();
+    int32_t max_len = 1;
     for (int32_t b = 0; b < B; b++) {
         const kdt_spec_request *r = &reqs[b];
         if (!r->prompt || r->prompt_len < 1 || r->max_new < 0 || (r->max_new > 0 && !r->out))
@@ -518,48 +697,21 @@ static kdt_status check_args(const kdt_model *m, const kdt_drafter *dr, const kd
                             b, r->prompt_len, r->max_new);
         if ((int64_t)r->prompt_len + r->max_new + p->budget + 1 > INT32_MAX / 2)
             return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: request %d is too long", b);
-        if (!isfinite(r->temperature) || r->temperature < 0.0f || r->top_k < 0 || !(r->top_p >= 0.0f && r->top_p <= 1.0f))
-            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: request %d: temperature %g (need finite, >= 0), top_k %d "
-                            "(>= 0), top_p %g (0 .. 1)", b, (double)r->temperature, r->top_k, (double)r->top_p);
+        if (r->prompt_len + r->max_new > max_len) max_len = r->prompt_len + r->max_new;
     }
-    return KDT_OK;
-}
-
-kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *dr, const kdt_spec_params *p, int32_t B, kdt_spec_request *reqs,
-                             kdt_spec_stats *stats, void *stream) {
-    kdt_status s = check_args(m, dr, p, B, reqs);
-    if (s != KDT_OK) return s;
-    const double t0 = now_s();
-    kdt_spec_stats local;
-    kdt_spec_stats *st = stats ? stats : &local;
-    memset(st, 0, sizeof *st);
-    const kdt_model_config *cf = kdt_model_get_config(m);
-    loop L = {.m = m, .dr = dr, .p = *p, .be = kdt_model_backend(m), .stream = stream, .st = st, .reqs = reqs, .B = B,
-              .D = dr ? p->depth : 1, .K = dr ? p->topk : 1, .N = dr ? p->budget : 1, .V = cf->vocab_size, .hid = cf->hidden_size};
-    L.Q = L.N + 1;
-    int32_t max_hist = 1;
-    for (int32_t b = 0; b < B; b++) {
-        L.sampling |= reqs[b].temperature > 0.0f;
-        reqs[b].n_out = reqs[b].steps = reqs[b].accepted = 0;
-        if (reqs[b].prompt_len + reqs[b].max_new > max_hist) max_hist = reqs[b].prompt_len + reqs[b].max_new;
+    kdt_spec_session *S = NULL;
+    kdt_status s = kdt_spec_session_create(m, dr, p, B, max_len, 0, stream, &S);
+    for (int32_t b = 0; s == KDT_OK && b < B; b++)
+        if ((s = kdt_spec_session_add(S, b, &reqs[b])) != KDT_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", kdt_last_error());
+            kdt_fail(s, "spec_generate: request %d: %s", b, why);
+        }
+    while (s == KDT_OK && kdt_spec_session_pending(S) > 0) s = kdt_spec_session_step(S, NULL);
+    if (stats) {
+        *stats = S ? S->stats : (kdt_spec_stats){0};
+        stats->t_total = now_s() - t0;
     }
-    /* The cache holds a history without its root, plus the tree rows being verified. */
-    s = loop_alloc(&L, max_hist + L.Q);
-    if (s == KDT_OK && dr) {
-        const kdt_draft_setup set = {.slots = B, .max_len = max_hist, .D = L.D, .K = L.K, .vocab_size = L.V,
-                                     .hidden_size = L.hid, .backend = L.be, .stream = stream};
-        s = dr->begin(dr->state, &set);
-    }
-    for (int32_t b = 0; s == KDT_OK && b < B; b++) L.done[b] = reqs[b].max_new == 0;
-    double t = now_s();
-    if (s == KDT_OK) s = prefill(&L);
-    if (s == KDT_OK) s = lap(&L, &t, &st->t_prefill);
-    for (gather_active(&L); s == KDT_OK && L.Ba > 0; gather_active(&L)) {
-        st->steps++;
-        st->request_steps += L.Ba;
-        s = dr ? spec_step(&L) : greedy_step(&L);
-    }
-    loop_free(&L);
-    st->t_total = now_s() - t0;
+    kdt_spec_session_free(S);
     return s;
 }
