@@ -6,6 +6,7 @@
  * cache of few blocks so that adds are refused and requests wait. Also: bad requests are refused
  * with the field named and change nothing, and every block comes back once the slots are empty.
  * KDT_SEED replays a run. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,8 +156,14 @@ static void check_refusals(kdt_model *m) {
          KDT_ERR_INVALID_ARG},
         {"negative token", "vocabulary", {.prompt = (int32_t[]){-1}, .prompt_len = 1, .max_new = 2, .out = out}, KDT_ERR_INVALID_ARG},
         {"longer than the context", "context", {.prompt = prompt, .prompt_len = 4, .max_new = 13, .out = out}, KDT_ERR_INVALID_ARG},
-        {"sampling", "sampling", {.prompt = prompt, .prompt_len = 4, .max_new = 2, .out = out, .temperature = 0.7f},
-         KDT_ERR_UNSUPPORTED},
+        {"a negative temperature", "temperature", {.prompt = prompt, .prompt_len = 4, .max_new = 2, .out = out, .temperature = -0.5f},
+         KDT_ERR_INVALID_ARG},
+        {"a NaN temperature", "temperature", {.prompt = prompt, .prompt_len = 4, .max_new = 2, .out = out, .temperature = NAN},
+         KDT_ERR_INVALID_ARG},
+        {"a negative top_k", "top_k", {.prompt = prompt, .prompt_len = 4, .max_new = 2, .out = out, .temperature = 0.7f, .top_k = -1},
+         KDT_ERR_INVALID_ARG},
+        {"top_p above 1", "top_p", {.prompt = prompt, .prompt_len = 4, .max_new = 2, .out = out, .temperature = 0.7f, .top_p = 1.5f},
+         KDT_ERR_INVALID_ARG},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const kdt_status s = kdt_spec_session_add(S, 0, &cases[i].r);

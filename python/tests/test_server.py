@@ -30,6 +30,7 @@ class Server:
     """A `kdt serve` process on a free loopback port; stderr is kept for the asserts."""
 
     def __init__(self, *args, wait_health=True):
+        args = args if "--model" in args else ("--model", "builtin", *args)
         self.proc = subprocess.Popen([BIN, "serve", "--host", "127.0.0.1", "--port", "0", "--backend", "cpu", *args],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log = []
@@ -104,7 +105,7 @@ def metric(ms, name, **labels):
 
 
 def generate_alone(prompt, n):
-    r = subprocess.run([BIN, "generate", "--backend", "cpu", "--prompt-ids", ",".join(map(str, prompt)), "--max-new", str(n)],
+    r = subprocess.run([BIN, "generate", "--model", "builtin", "--backend", "cpu", "--prompt-ids", ",".join(map(str, prompt)), "--max-new", str(n)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return [int(t) for t in r.stdout.split()]
@@ -159,6 +160,20 @@ def test_completion_equals_generate(srv):
     # A list holding one prompt is the same prompt.
     st, r2 = srv.post("/v1/completions", {"prompt": [prompt], "max_tokens": 20})
     assert st == 200 and r2["choices"][0]["token_ids"] == want
+
+
+def test_sampling_seeded(srv):
+    """temperature > 0 samples (lossless tree acceptance, docs/sampling.md); a request alone on the
+    server with a seed gives the same tokens twice, a request at temperature 0 is greedy."""
+    body = {"prompt": [5, 6, 7, 9], "max_tokens": 12, "temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 11}
+    got = []
+    for _ in range(2):
+        st, r = srv.post("/v1/completions", body)
+        assert st == 200, r
+        got.append(r["choices"][0]["token_ids"])
+    assert got[0] == got[1] and len(got[0]) == 12
+    st, r = srv.post("/v1/completions", dict(body, seed=12))
+    assert st == 200 and len(r["choices"][0]["token_ids"]) == 12
 
 
 def test_openai_client(srv):
@@ -256,7 +271,7 @@ BAD = [
     ({"prompt": [1, 2.5]}, 400), ({"prompt": [1, -1]}, 400), ({"prompt": [512]}, 400), ({"prompt": [1], "max_tokens": 0}, 400),
     ({"prompt": [1], "max_tokens": "8"}, 400), ({"prompt": [1], "max_tokens": 4096}, 400), ({"prompt": [1] * 5000}, 400),
     ({"prompt": [1], "n": 2}, 400), ({"prompt": [1], "echo": True}, 400), ({"prompt": [1], "logprobs": 3}, 400),
-    ({"prompt": [1], "stream": "yes"}, 400), ({"prompt": [1], "temperature": -1}, 400), ({"prompt": [1], "temperature": 0.8}, 400),
+    ({"prompt": [1], "stream": "yes"}, 400), ({"prompt": [1], "temperature": -1}, 400), ({"prompt": [1], "temperature": 2.5}, 400),
     ({"prompt": [1], "top_p": 0}, 400), ({"prompt": [1], "stop": 5}, 400), ({"prompt": [1], "stop": "x"}, 400),
     ({"prompt": [[1], [2]]}, 400), ({"prompt": "text needs a tokenizer"}, 400), ({"prompt": [1], "model": "gpt-4"}, 404),
     ({"prompt": [1], "model": 7}, 400),

@@ -10,6 +10,7 @@
 
 #include <microhttpd.h>
 
+#include "cli/generate_text.h"
 #include "server/server.h"
 
 int kdt_cmd_serve(int argc, char **argv);
@@ -27,7 +28,8 @@ double srv_now(void) {
     "                 [--queue-timeout S] [--drain-timeout S] [--timeout S] [--max-body BYTES]\n"               \
     "                 [--random-config CONFIG.json]\n"                                                         \
     "  An OpenAI-compatible HTTP server (docs/serve.md): POST /v1/completions, /v1/chat/completions,\n"         \
-    "  GET /v1/models, /health, /metrics. Without --model, the built-in model (token id prompts).\n"             \
+    "  GET /v1/models, /health, /metrics. Without --model, the shipped model (models/kdt-small);\n"             \
+    "  --model builtin: the built-in random model (token id prompts).\n"             \
     "  --port 0 picks a free port; the line `listening on http://HOST:PORT` on stderr names it.\n"              \
     "  --max-batch: requests decoded together (slots, default 32); --max-queue: requests waiting for\n"       \
     "  a slot (default 256; past it 429); --queue-timeout: the longest wait for a slot and cache (default\n"     \
@@ -113,6 +115,10 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
     if (o->draft_dir && strcmp(o->spec, "model") != 0) return usage_error("--draft-model needs --spec model", NULL);
     if (o->random_config && (o->model_dir || o->backend != KDT_BACKEND_CUDA))
         return usage_error("--random-config takes the place of --model and needs --backend cuda", NULL);
+    /* As kdt generate: no --model is the shipped model, --model builtin the built-in random one. */
+    if (o->model_dir && strcmp(o->model_dir, "builtin") == 0) o->model_dir = NULL;
+    else if (!o->model_dir && !o->random_config && !(o->model_dir = kdt_cli_shipped_model(o->shipped, sizeof o->shipped)))
+        fprintf(stderr, "kdt serve: no shipped model at %s; serving the built-in random model (--model builtin)\n", o->shipped);
     return -1;
 }
 

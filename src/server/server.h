@@ -48,6 +48,7 @@ typedef struct srv_options {
     double queue_timeout, drain_timeout, io_timeout;
     long max_body;
     kdt_backend backend;
+    char shipped[4096];      /* where the shipped model was looked for (no --model) */
 } srv_options;
 
 /* Counters for /metrics, guarded by server.mu. */
