@@ -84,8 +84,7 @@ typedef struct opts {
 } opts;
 
 static int parse_opts(int argc, char **argv, opts *o) {
-    *o = (opts){.spec = "none", .max_new = -1, .depth = 4, .topk = 4, .budget = 16, .eos = -1,
-                .backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU};
+    *o = (opts){.spec = "none", .max_new = -1, .depth = 4, .topk = 4, .budget = 16, .eos = -1, .backend = (kdt_backend)-1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -124,6 +123,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
             return usage_error("unknown option", a);
         }
     }
+    if ((int)o->backend < 0) o->backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU; /* starts CUDA: not for --help */
     if (!o->n_prompts) return usage_error("--prompt-ids is required", NULL);
     if (o->max_new < 0) return usage_error("--max-new is required", NULL);
     if (o->draft_layers && !o->model_dir) return usage_error("--draft-layers needs --model (the built-in model has no checkpoint to cut)", NULL);
