@@ -12,7 +12,14 @@
  * token, [kv_a_layernorm(compressed_kv) (kv_lora_rank), rope(k_rope) (qk_rope_head_dim)], so
  * Dv = kv_lora_rank, Dr = qk_rope_head_dim; the query of head h is [q_nope_h @ W_UK_h, rope(q_rope_h)]
  * and W_UV_h is applied to the Dv-dim output. Rope outputs are in transformers' layout (the
- * rotated pairs' first elements, then their second elements). */
+ * rotated pairs' first elements, then their second elements).
+ *
+ * Threads and devices. A model and its caches are not safe for concurrent calls: two
+ * kdt_model_forward calls on one model at the same time are not supported on either backend (on
+ * CUDA they share the model's scratch buffers, pinned staging and cuBLAS handle, which the first
+ * forward creates); serialize them (one thread, or a lock). Different models may be used from
+ * different threads. On CUDA the model lives on the device current when it was loaded, and every
+ * call on it (and its caches) must run with that device current. */
 #pragma once
 
 #include "kdt/kdt.h"

@@ -4,7 +4,12 @@
  *
  * Backend KDT_BACKEND_CPU: every pointer is host memory, the call is synchronous.
  * Backend KDT_BACKEND_CUDA: every pointer is device memory, the work is queued on `stream`
- * (a cudaStream_t; NULL is the legacy default stream) and the call returns after the launch. */
+ * (a cudaStream_t; NULL is the legacy default stream) and the call returns after the launch.
+ * Threads: the ops keep no data between calls, and the CPU backend may be called from several
+ * threads at once on different buffers. On CUDA a launch above 48 KB of shared memory first sets
+ * the kernel's process-wide limit to its own need, so two threads running one op with different
+ * shapes at once may race (one lowers the limit the other just raised): serialize such calls.
+ * On CUDA the pointers must belong to the calling thread's current device. */
 #pragma once
 
 #include "kdt/kdt.h"

@@ -6,7 +6,11 @@
  * and mask), the greedy argmax of each row's logits is the target's prediction, kdt_tree_accept
  * keeps the longest confirmed path plus the bonus token and kdt_cache_commit compacts the cache.
  * Greedy acceptance is lossless: the output is the target's greedy decoding, token for token,
- * whatever the drafter proposes (docs/spec.md gives the argument). */
+ * whatever the drafter proposes (docs/spec.md gives the argument).
+ *
+ * Threads. kdt_spec_generate runs on the caller's thread and uses the target model (and a draft
+ * model) for the whole call: no other call may use those models meanwhile (include/kdt/model.h).
+ * A drafter serves one run at a time. on_token is called on the caller's thread. */
 #pragma once
 
 #include "kdt/model.h"

@@ -109,7 +109,7 @@ typedef struct opts {
 
 static int parse_opts(int argc, char **argv, opts *o) {
     *o = (opts){.spec = "none", .max_new = -1, .depth = 4, .topk = 4, .budget = 16, .eos = -1, .top_p = 1.0,
-                .backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU};
+                .backend = (kdt_backend)-1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -161,6 +161,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
             return usage_error("unknown option", a);
         }
     }
+    if ((int)o->backend < 0) o->backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU; /* starts CUDA: not for --help */
     const int text = o->prompt_text || o->prompt_file;
     if (!o->n_prompts && !text) return usage_error("--prompt-ids, --prompt or --prompt-file is required", NULL);
     if ((o->n_prompts && text) || (o->prompt_text && o->prompt_file))
