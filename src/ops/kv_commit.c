@@ -1,6 +1,4 @@
 /* kv_commit (docs/ops.md): validation, backend dispatch and the tensor adapter. */
-#include <string.h>
-
 #include "common/internal.h"
 #include "ops/backends.h"
 #include "ops/io.h"
@@ -32,60 +30,38 @@ kdt_status kdt_kv_commit(const kdt_kv_commit_params *p, kdt_backend backend, voi
     return kdt_kv_commit_cuda(p, stream);
 }
 
+enum { B, Q, NB, BS, DQK, MB };
+enum { KV_CACHE, ACCEPT_INDEX, BLOCK_TABLE, KV_LEN, ACCEPT_LEN, Q_SCALAR, NEW_KV_LEN, STATUS };
+#define I32 KDT_IO_DT(KDT_I32)
+
+static kdt_status call(const kdt_io *io, kdt_backend backend) {
+    void *const *t = io->ptr;
+    const kdt_kv_commit_params p = {
+        .B = (int32_t)io->dim[B], .Q = (int32_t)io->dim[Q], .NB = (int32_t)io->dim[NB], .BS = (int32_t)io->dim[BS],
+        .Dqk = (int32_t)io->dim[DQK], .dtype = io->T, .kv_cache = t[KV_CACHE], .block_table = t[BLOCK_TABLE],
+        .MB = (int32_t)io->dim[MB], .kv_len = t[KV_LEN], .accept_index = t[ACCEPT_INDEX], .accept_len = t[ACCEPT_LEN],
+        .new_kv_len = t[NEW_KV_LEN], .status = t[STATUS]};
+    return kdt_kv_commit(&p, backend, NULL);
+}
+
+static const kdt_io_op io_op = {
+    "kv_commit",
+    .dims = {[B] = {"B", 0, INT32_MAX}, [Q] = {"Q", 1, KDT_TREE_MAX_BUDGET + 1}, [NB] = {"NB", 0, INT32_MAX},
+             [BS] = {"BS", 0, INT32_MAX}, [DQK] = {"Dqk", 0, INT32_MAX}, [MB] = {"MB", 0, INT32_MAX}},
+    .tensors = {
+        /* in/out: the op changes only the moved rows */
+        [KV_CACHE] = {"kv_cache", KDT_IO_DT(KDT_F32) | KDT_IO_DT(KDT_BF16), "NB BS Dqk", KDT_IO_INOUT | KDT_IO_T},
+        [ACCEPT_INDEX] = {"accept_index", I32, "B Q"},
+        [BLOCK_TABLE] = {"block_table", I32, "B MB"},
+        [KV_LEN] = {"kv_len", I32, "B"},
+        [ACCEPT_LEN] = {"accept_len", I32, "B"},
+        [Q_SCALAR] = {"Q", I32, "", KDT_IO_OPTIONAL, .bind = "Q"}, /* must agree with accept_index */
+        [NEW_KV_LEN] = {"new_kv_len", I32, "B", KDT_IO_OUT},
+        [STATUS] = {"status", I32, "B", KDT_IO_OUT},
+    },
+    .call = call,
+};
+
 kdt_status kdt_kv_commit_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend) {
-    kdt_tensor_view cache, table, kvl, idx, alen, qv;
-    kdt_status s;
-    if ((s = kdt_kdtr_find(in, "kv_cache", &cache)) != KDT_OK) return s;
-    if (cache.dtype != KDT_F32 && cache.dtype != KDT_BF16)
-        return kdt_fail(KDT_ERR_DTYPE, "tensor 'kv_cache': dtype %s, expected f32 or bf16", kdt_dtype_name(cache.dtype));
-    if (cache.ndim != 3)
-        return kdt_fail(KDT_ERR_SHAPE, "tensor 'kv_cache': %d dims, expected 3 [NB, BS, Dqk]", cache.ndim);
-    if ((s = kdt_kdtr_find_typed(in, "accept_index", KDT_I32, 2, NULL, &idx)) != KDT_OK) return s;
-    const int64_t b1[1] = {(int64_t)idx.dims[0]}, bm[2] = {b1[0], -1};
-    if ((s = kdt_kdtr_find_typed(in, "block_table", KDT_I32, 2, bm, &table)) != KDT_OK) return s;
-    if ((s = kdt_kdtr_find_typed(in, "kv_len", KDT_I32, 1, b1, &kvl)) != KDT_OK) return s;
-    if ((s = kdt_kdtr_find_typed(in, "accept_len", KDT_I32, 1, b1, &alen)) != KDT_OK) return s;
-    const uint64_t dims[5] = {cache.dims[0], cache.dims[1], cache.dims[2], idx.dims[0], table.dims[1]};
-    const char *names[5] = {"kv_cache", "kv_cache", "kv_cache", "accept_index", "block_table"};
-    for (int i = 0; i < 5; i++)
-        if (dims[i] > INT32_MAX)
-            return kdt_fail(KDT_ERR_SHAPE, "tensor '%s': dim %llu exceeds %d", names[i], (unsigned long long)dims[i], INT32_MAX);
-    if (idx.dims[1] < 1 || idx.dims[1] > KDT_TREE_MAX_BUDGET + 1)
-        return kdt_fail(KDT_ERR_SHAPE, "tensor 'accept_index': Q = %llu outside 1 .. %d",
-                        (unsigned long long)idx.dims[1], KDT_TREE_MAX_BUDGET + 1);
-    if (kdt_kdtr_find(in, "Q", &qv) == KDT_OK) { /* optional; must agree with accept_index */
-        int32_t q;
-        if ((s = kdt_kdtr_scalar_i32(in, "Q", &q)) != KDT_OK) return s;
-        if ((uint64_t)q != idx.dims[1])
-            return kdt_fail(KDT_ERR_SHAPE, "scalar 'Q' = %d differs from accept_index's second dim %llu", q,
-                            (unsigned long long)idx.dims[1]);
-    }
-
-    kdt_kv_commit_params p = {.B = (int32_t)idx.dims[0], .Q = (int32_t)idx.dims[1], .NB = (int32_t)cache.dims[0],
-                              .BS = (int32_t)cache.dims[1], .Dqk = (int32_t)cache.dims[2], .dtype = cache.dtype,
-                              .MB = (int32_t)table.dims[1]};
-    const uint64_t d_b[1] = {(uint64_t)p.B};
-    void *h_cache;
-    int32_t *h_len, *h_status;
-    if ((s = kdt_io_output(out, "kv_cache", cache.dtype, 3, cache.dims, &h_cache)) != KDT_OK) return s;
-    memcpy(h_cache, cache.data, cache.nbytes); /* in/out: the op changes only the moved rows */
-    if ((s = kdt_io_output(out, "new_kv_len", KDT_I32, 1, d_b, (void **)&h_len)) != KDT_OK) return s;
-    if ((s = kdt_io_output(out, "status", KDT_I32, 1, d_b, (void **)&h_status)) != KDT_OK) return s;
-
-    kdt_stage st;
-    kdt_stage_init(&st, backend);
-    const size_t b_bytes = (size_t)p.B * 4;
-    if ((s = kdt_stage_in(&st, "block_table", table.data, table.nbytes, (const void **)&p.block_table)) ||
-        (s = kdt_stage_in(&st, "kv_len", kvl.data, b_bytes, (const void **)&p.kv_len)) ||
-        (s = kdt_stage_in(&st, "accept_index", idx.data, idx.nbytes, (const void **)&p.accept_index)) ||
-        (s = kdt_stage_in(&st, "accept_len", alen.data, b_bytes, (const void **)&p.accept_len)) ||
-        (s = kdt_stage_out(&st, "kv_cache", h_cache, cache.nbytes, &p.kv_cache)) ||
-        (s = kdt_stage_out(&st, "new_kv_len", h_len, b_bytes, (void **)&p.new_kv_len)) ||
-        (s = kdt_stage_out(&st, "status", h_status, b_bytes, (void **)&p.status)) ||
-        (s = kdt_kv_commit(&p, backend, NULL)) || (s = kdt_stage_finish(&st))) {
-        kdt_stage_release(&st);
-        return s;
-    }
-    kdt_stage_release(&st);
-    return KDT_OK;
+    return kdt_io_run(&io_op, in, out, backend);
 }

@@ -23,44 +23,35 @@ kdt_status kdt_tree_accept(const kdt_tree_accept_params *p, kdt_backend backend,
     return kdt_tree_accept_cuda(p, stream);
 }
 
+enum { B, Q };
+enum { NODE_TOKEN, NODE_PARENT, NUM_NODES, TARGET_PRED, ACCEPT_LEN, ACCEPT_INDEX, ACCEPT_TOKENS, STATUS };
+#define I32 KDT_IO_DT(KDT_I32)
+
+static kdt_status call(const kdt_io *io, kdt_backend backend) {
+    void *const *t = io->ptr;
+    const kdt_tree_accept_params p = {
+        .B = (int32_t)io->dim[B], .Q = (int32_t)io->dim[Q], .node_token = t[NODE_TOKEN], .node_parent = t[NODE_PARENT],
+        .num_nodes = t[NUM_NODES], .target_pred = t[TARGET_PRED], .accept_len = t[ACCEPT_LEN],
+        .accept_index = t[ACCEPT_INDEX], .accept_tokens = t[ACCEPT_TOKENS], .status = t[STATUS]};
+    return kdt_tree_accept(&p, backend, NULL);
+}
+
+static const kdt_io_op io_op = {
+    "tree_accept",
+    .dims = {[B] = {"B", 0, INT32_MAX}, [Q] = {"Q", 1, KDT_TREE_MAX_BUDGET + 1}},
+    .tensors = {
+        [NODE_TOKEN] = {"node_token", I32, "B Q"},
+        [NODE_PARENT] = {"node_parent", I32, "B Q"},
+        [NUM_NODES] = {"num_nodes", I32, "B"},
+        [TARGET_PRED] = {"target_pred", I32, "B Q"},
+        [ACCEPT_LEN] = {"accept_len", I32, "B", KDT_IO_OUT},
+        [ACCEPT_INDEX] = {"accept_index", I32, "B Q", KDT_IO_OUT},
+        [ACCEPT_TOKENS] = {"accept_tokens", I32, "B Q", KDT_IO_OUT},
+        [STATUS] = {"status", I32, "B", KDT_IO_OUT},
+    },
+    .call = call,
+};
+
 kdt_status kdt_tree_accept_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend) {
-    kdt_tensor_view tok, par, num, pred;
-    kdt_status s;
-    if ((s = kdt_kdtr_find_typed(in, "node_token", KDT_I32, 2, NULL, &tok)) != KDT_OK) return s;
-    const int64_t bq[2] = {(int64_t)tok.dims[0], (int64_t)tok.dims[1]};
-    const int64_t b1[1] = {bq[0]};
-    if ((s = kdt_kdtr_find_typed(in, "node_parent", KDT_I32, 2, bq, &par)) != KDT_OK) return s;
-    if ((s = kdt_kdtr_find_typed(in, "num_nodes", KDT_I32, 1, b1, &num)) != KDT_OK) return s;
-    if ((s = kdt_kdtr_find_typed(in, "target_pred", KDT_I32, 2, bq, &pred)) != KDT_OK) return s;
-    if (bq[0] > INT32_MAX)
-        return kdt_fail(KDT_ERR_SHAPE, "tensor 'node_token': B = %lld exceeds %d", (long long)bq[0], INT32_MAX);
-    if (bq[1] < 1 || bq[1] > KDT_TREE_MAX_BUDGET + 1)
-        return kdt_fail(KDT_ERR_SHAPE, "tensor 'node_token': Q = %lld outside 1 .. %d",
-                        (long long)bq[1], KDT_TREE_MAX_BUDGET + 1);
-
-    kdt_tree_accept_params p = {.B = (int32_t)bq[0], .Q = (int32_t)bq[1]};
-    const uint64_t d_b[1] = {(uint64_t)p.B}, d_bq[2] = {(uint64_t)p.B, (uint64_t)p.Q};
-    int32_t *h_len, *h_idx, *h_tok, *h_status;
-    if ((s = kdt_io_output(out, "accept_len", KDT_I32, 1, d_b, (void **)&h_len)) != KDT_OK) return s;
-    if ((s = kdt_io_output(out, "accept_index", KDT_I32, 2, d_bq, (void **)&h_idx)) != KDT_OK) return s;
-    if ((s = kdt_io_output(out, "accept_tokens", KDT_I32, 2, d_bq, (void **)&h_tok)) != KDT_OK) return s;
-    if ((s = kdt_io_output(out, "status", KDT_I32, 1, d_b, (void **)&h_status)) != KDT_OK) return s;
-
-    kdt_stage st;
-    kdt_stage_init(&st, backend);
-    const size_t bq_bytes = (size_t)p.B * p.Q * 4, b_bytes = (size_t)p.B * 4;
-    if ((s = kdt_stage_in(&st, "node_token", tok.data, bq_bytes, (const void **)&p.node_token)) ||
-        (s = kdt_stage_in(&st, "node_parent", par.data, bq_bytes, (const void **)&p.node_parent)) ||
-        (s = kdt_stage_in(&st, "num_nodes", num.data, b_bytes, (const void **)&p.num_nodes)) ||
-        (s = kdt_stage_in(&st, "target_pred", pred.data, bq_bytes, (const void **)&p.target_pred)) ||
-        (s = kdt_stage_out(&st, "accept_len", h_len, b_bytes, (void **)&p.accept_len)) ||
-        (s = kdt_stage_out(&st, "accept_index", h_idx, bq_bytes, (void **)&p.accept_index)) ||
-        (s = kdt_stage_out(&st, "accept_tokens", h_tok, bq_bytes, (void **)&p.accept_tokens)) ||
-        (s = kdt_stage_out(&st, "status", h_status, b_bytes, (void **)&p.status)) ||
-        (s = kdt_tree_accept(&p, backend, NULL)) || (s = kdt_stage_finish(&st))) {
-        kdt_stage_release(&st);
-        return s;
-    }
-    kdt_stage_release(&st);
-    return KDT_OK;
+    return kdt_io_run(&io_op, in, out, backend);
 }

@@ -60,66 +60,53 @@ static kdt_status check_seq_len(const int32_t *seq_len, int32_t B, int32_t D) {
     return KDT_OK;
 }
 
+enum { B, D, K, N, Q };
+enum { SCORES, TOKENS, ROOT_TOKEN, SEQ_LEN, BUDGET, NUM_NODES, NODE_TOKEN, NODE_PARENT, NODE_DEPTH, NODE_CAND, NODE_SCORE,
+       POSITIONS, TREE_MASK, FIRST_CHILD, NEXT_SIBLING };
+#define I32 KDT_IO_DT(KDT_I32)
+#define F32 KDT_IO_DT(KDT_F32)
+
+static kdt_status check(const kdt_io *io) {
+    kdt_status s = check_sorted(io->host[SCORES], (int32_t)io->dim[B], (int32_t)io->dim[D], (int32_t)io->dim[K]);
+    return s != KDT_OK ? s : check_seq_len(io->host[SEQ_LEN], (int32_t)io->dim[B], (int32_t)io->dim[D]);
+}
+
+static kdt_status call(const kdt_io *io, kdt_backend backend) {
+    void *const *t = io->ptr;
+    const kdt_tree_build_params p = {
+        .B = (int32_t)io->dim[B], .D = (int32_t)io->dim[D], .K = (int32_t)io->dim[K], .budget = (int32_t)io->dim[N],
+        .scores = t[SCORES], .tokens = t[TOKENS], .root_token = t[ROOT_TOKEN], .seq_len = t[SEQ_LEN],
+        .num_nodes = t[NUM_NODES], .node_token = t[NODE_TOKEN], .node_parent = t[NODE_PARENT], .node_depth = t[NODE_DEPTH],
+        .node_cand = t[NODE_CAND], .node_score = t[NODE_SCORE], .positions = t[POSITIONS], .tree_mask = t[TREE_MASK],
+        .first_child = t[FIRST_CHILD], .next_sibling = t[NEXT_SIBLING]};
+    return kdt_tree_build(&p, backend, NULL);
+}
+
+static const kdt_io_op io_op = {
+    "tree_build",
+    .dims = {[B] = {"B", 0, INT32_MAX}, [D] = {"D", 1, KDT_TREE_MAX_DEPTH}, [K] = {"K", 1, KDT_TREE_MAX_TOPK},
+             [N] = {"N", 1, KDT_TREE_MAX_BUDGET}, [Q] = {"Q", .from = "N", .add = 1}},
+    .tensors = {
+        [SCORES] = {"scores", F32, "B D K"},
+        [TOKENS] = {"tokens", I32, "B D K"},
+        [ROOT_TOKEN] = {"root_token", I32, "B"},
+        [SEQ_LEN] = {"seq_len", I32, "B"},
+        [BUDGET] = {"budget", I32, "", .bind = "N"},
+        [NUM_NODES] = {"num_nodes", I32, "B", KDT_IO_OUT},
+        [NODE_TOKEN] = {"node_token", I32, "B Q", KDT_IO_OUT},
+        [NODE_PARENT] = {"node_parent", I32, "B Q", KDT_IO_OUT},
+        [NODE_DEPTH] = {"node_depth", I32, "B Q", KDT_IO_OUT},
+        [NODE_CAND] = {"node_cand", I32, "B Q", KDT_IO_OUT},
+        [NODE_SCORE] = {"node_score", F32, "B Q", KDT_IO_OUT},
+        [POSITIONS] = {"positions", I32, "B Q", KDT_IO_OUT},
+        [TREE_MASK] = {"tree_mask", KDT_IO_DT(KDT_U8), "B Q Q", KDT_IO_OUT},
+        [FIRST_CHILD] = {"first_child", I32, "B Q", KDT_IO_OUT},
+        [NEXT_SIBLING] = {"next_sibling", I32, "B Q", KDT_IO_OUT},
+    },
+    .check = check,
+    .call = call,
+};
+
 kdt_status kdt_tree_build_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend) {
-    kdt_tensor_view sc, tok, root, seq;
-    int32_t budget = 0;
-    kdt_status s;
-    if ((s = kdt_kdtr_find_typed(in, "scores", KDT_F32, 3, NULL, &sc)) != KDT_OK) return s;
-    if (sc.dims[0] > INT32_MAX || sc.dims[1] < 1 || sc.dims[1] > KDT_TREE_MAX_DEPTH || sc.dims[2] < 1 ||
-        sc.dims[2] > KDT_TREE_MAX_TOPK)
-        return kdt_fail(KDT_ERR_SHAPE, "tensor 'scores': shape [%llu, %llu, %llu] needs B <= %d, D in 1 .. %d, K in 1 .. %d",
-                        (unsigned long long)sc.dims[0], (unsigned long long)sc.dims[1],
-                        (unsigned long long)sc.dims[2], INT32_MAX, KDT_TREE_MAX_DEPTH, KDT_TREE_MAX_TOPK);
-    const int64_t bdk[3] = {(int64_t)sc.dims[0], (int64_t)sc.dims[1], (int64_t)sc.dims[2]};
-    if ((s = kdt_kdtr_find_typed(in, "tokens", KDT_I32, 3, bdk, &tok)) != KDT_OK) return s;
-    if ((s = kdt_kdtr_find_typed(in, "root_token", KDT_I32, 1, bdk, &root)) != KDT_OK) return s;
-    if ((s = kdt_kdtr_find_typed(in, "seq_len", KDT_I32, 1, bdk, &seq)) != KDT_OK) return s;
-    if ((s = kdt_kdtr_scalar_i32(in, "budget", &budget)) != KDT_OK) return s;
-    if (budget < 1 || budget > KDT_TREE_MAX_BUDGET)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "tensor 'budget': %d outside 1 .. %d", budget, KDT_TREE_MAX_BUDGET);
-
-    kdt_tree_build_params p = {.B = (int32_t)bdk[0], .D = (int32_t)bdk[1], .K = (int32_t)bdk[2], .budget = budget};
-    if ((s = check_sorted(sc.data, p.B, p.D, p.K)) != KDT_OK) return s;
-    if ((s = check_seq_len(seq.data, p.B, p.D)) != KDT_OK) return s;
-
-    const int32_t Q = budget + 1;
-    const uint64_t d_b[1] = {(uint64_t)p.B}, d_bq[2] = {(uint64_t)p.B, (uint64_t)Q};
-    const uint64_t d_bqq[3] = {(uint64_t)p.B, (uint64_t)Q, (uint64_t)Q};
-    if ((s = kdt_io_output(out, "num_nodes", KDT_I32, 1, d_b, (void **)&p.num_nodes)) ||
-        (s = kdt_io_output(out, "node_token", KDT_I32, 2, d_bq, (void **)&p.node_token)) ||
-        (s = kdt_io_output(out, "node_parent", KDT_I32, 2, d_bq, (void **)&p.node_parent)) ||
-        (s = kdt_io_output(out, "node_depth", KDT_I32, 2, d_bq, (void **)&p.node_depth)) ||
-        (s = kdt_io_output(out, "node_cand", KDT_I32, 2, d_bq, (void **)&p.node_cand)) ||
-        (s = kdt_io_output(out, "node_score", KDT_F32, 2, d_bq, (void **)&p.node_score)) ||
-        (s = kdt_io_output(out, "positions", KDT_I32, 2, d_bq, (void **)&p.positions)) ||
-        (s = kdt_io_output(out, "tree_mask", KDT_U8, 3, d_bqq, (void **)&p.tree_mask)) ||
-        (s = kdt_io_output(out, "first_child", KDT_I32, 2, d_bq, (void **)&p.first_child)) ||
-        (s = kdt_io_output(out, "next_sibling", KDT_I32, 2, d_bq, (void **)&p.next_sibling)))
-        return s;
-
-    /* The host pointers, kept while p's fields are swapped for device copies. */
-    const kdt_tree_build_params h = p;
-    const size_t b4 = (size_t)p.B * 4, bdk4 = b4 * p.D * p.K, bq4 = b4 * Q, bqq = (size_t)p.B * Q * Q;
-    kdt_stage st;
-    kdt_stage_init(&st, backend);
-    if ((s = kdt_stage_in(&st, "scores", sc.data, bdk4, (const void **)&p.scores)) ||
-        (s = kdt_stage_in(&st, "tokens", tok.data, bdk4, (const void **)&p.tokens)) ||
-        (s = kdt_stage_in(&st, "root_token", root.data, b4, (const void **)&p.root_token)) ||
-        (s = kdt_stage_in(&st, "seq_len", seq.data, b4, (const void **)&p.seq_len)) ||
-        (s = kdt_stage_out(&st, "num_nodes", h.num_nodes, b4, (void **)&p.num_nodes)) ||
-        (s = kdt_stage_out(&st, "node_token", h.node_token, bq4, (void **)&p.node_token)) ||
-        (s = kdt_stage_out(&st, "node_parent", h.node_parent, bq4, (void **)&p.node_parent)) ||
-        (s = kdt_stage_out(&st, "node_depth", h.node_depth, bq4, (void **)&p.node_depth)) ||
-        (s = kdt_stage_out(&st, "node_cand", h.node_cand, bq4, (void **)&p.node_cand)) ||
-        (s = kdt_stage_out(&st, "node_score", h.node_score, bq4, (void **)&p.node_score)) ||
-        (s = kdt_stage_out(&st, "positions", h.positions, bq4, (void **)&p.positions)) ||
-        (s = kdt_stage_out(&st, "tree_mask", h.tree_mask, bqq, (void **)&p.tree_mask)) ||
-        (s = kdt_stage_out(&st, "first_child", h.first_child, bq4, (void **)&p.first_child)) ||
-        (s = kdt_stage_out(&st, "next_sibling", h.next_sibling, bq4, (void **)&p.next_sibling)) ||
-        (s = kdt_tree_build(&p, backend, NULL)) || (s = kdt_stage_finish(&st))) {
-        kdt_stage_release(&st);
-        return s;
-    }
-    kdt_stage_release(&st);
-    return KDT_OK;
+    return kdt_io_run(&io_op, in, out, backend);
 }

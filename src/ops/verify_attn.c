@@ -78,97 +78,58 @@ kdt_status kdt_verify_attn(const kdt_verify_attn_params *p, kdt_backend backend,
     return kdt_verify_attn_cuda(p, stream); /* picks the kernel: src/cuda/verify_attn.cu */
 }
 
-/* Reads a dim that must fit an int32 param. */
-static kdt_status dim32(const kdt_tensor_view *v, int d, int32_t *out) {
-    if (v->dims[d] > INT32_MAX)
-        return kdt_fail(KDT_ERR_SHAPE, "tensor '%s': dim %d = %llu is above %d", v->name, d,
-                        (unsigned long long)v->dims[d], INT32_MAX);
-    *out = (int32_t)v->dims[d];
-    return KDT_OK;
+enum { B, Q, H, DQK, DV, L, NB, BS, MB };
+enum { QT, KV, KV_CACHE, BLOCK_TABLE, KV_LEN, TREE_MASK, DV_SCALAR, SM_SCALE, O, LSE };
+#define F32_BF16 (KDT_IO_DT(KDT_F32) | KDT_IO_DT(KDT_BF16))
+
+/* The params over t (io->host or io->ptr). */
+static kdt_verify_attn_params params(const kdt_io *io, void *const *t) {
+    return (kdt_verify_attn_params){
+        .B = (int32_t)io->dim[B], .Q = (int32_t)io->dim[Q], .H = (int32_t)io->dim[H], .Dv = (int32_t)io->dim[DV],
+        .Dr = (int32_t)(io->dim[DQK] - io->dim[DV]), .dtype = io->T, .q = t[QT], .kv = t[KV], .L = io->dim[L],
+        .kv_cache = t[KV_CACHE], .NB = (int32_t)io->dim[NB], .BS = (int32_t)io->dim[BS], .block_table = t[BLOCK_TABLE],
+        .MB = (int32_t)io->dim[MB], .kv_len = t[KV_LEN], .tree_mask = t[TREE_MASK], .sm_scale = kdt_io_f32(io, SM_SCALE),
+        .o = t[O], .lse = t[LSE]};
 }
 
-/* Finds the KV tensors of one layout and fills the layout's params. */
-static kdt_status find_kv(const kdt_kdtr *in, kdt_verify_attn_params *p, int64_t Dqk, kdt_tensor_view *kv,
-                          kdt_tensor_view *bt) {
-    kdt_tensor_view probe;
-    const int has_kv = kdt_kdtr_find(in, "kv", &probe) == KDT_OK;
-    const int has_cache = kdt_kdtr_find(in, "kv_cache", &probe) == KDT_OK;
-    if (has_kv && has_cache)
-        return kdt_fail(KDT_ERR_INVALID_ARG,
-                        "tensors 'kv' (contiguous layout) and 'kv_cache' (paged layout) are both present: give one");
-    if (!has_kv && !has_cache)
-        return kdt_fail(KDT_ERR_NOT_FOUND, "neither tensor 'kv' (contiguous layout) nor 'kv_cache' (paged layout) is present");
-    kdt_status s;
-    if (has_kv) {
-        const int64_t d[3] = {p->B, -1, Dqk};
-        if ((s = kdt_kdtr_find_typed(in, "kv", p->dtype, 3, d, kv)) != KDT_OK) return s;
-        p->L = (int64_t)kv->dims[1];
-        p->kv = kv->data;
-        return KDT_OK;
-    }
-    const int64_t dc[3] = {-1, -1, Dqk}, db[2] = {p->B, -1};
-    if ((s = kdt_kdtr_find_typed(in, "kv_cache", p->dtype, 3, dc, kv)) != KDT_OK ||
-        (s = kdt_kdtr_find_typed(in, "block_table", KDT_I32, 2, db, bt)) != KDT_OK || (s = dim32(kv, 0, &p->NB)) != KDT_OK ||
-        (s = dim32(kv, 1, &p->BS)) != KDT_OK || (s = dim32(bt, 1, &p->MB)) != KDT_OK)
-        return s;
-    if (p->BS < 1) return kdt_fail(KDT_ERR_SHAPE, "tensor 'kv_cache': block size (dim 1) is 0");
-    p->kv_cache = kv->data;
-    p->block_table = bt->data;
-    return KDT_OK;
+/* Every check on the host data, before anything is staged. */
+static kdt_status check(const kdt_io *io) {
+    if (io->dim[DV] > io->dim[DQK])
+        return kdt_fail(KDT_ERR_INVALID_ARG, "scalar 'dv' = %lld outside 1 .. %lld (Dqk, the last dim of 'q')",
+                        (long long)io->dim[DV], (long long)io->dim[DQK]);
+    if (!isfinite(kdt_io_f32(io, SM_SCALE)))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "scalar 'sm_scale' = %g is not finite", kdt_io_f32(io, SM_SCALE));
+    const kdt_verify_attn_params p = params(io, io->host);
+    kdt_status s = validate(&p);
+    return s != KDT_OK || p.B == 0 ? s : check_data(&p);
 }
+
+static kdt_status call(const kdt_io *io, kdt_backend backend) {
+    const kdt_verify_attn_params p = params(io, io->ptr);
+    return kdt_verify_attn(&p, backend, NULL);
+}
+
+static const kdt_io_op io_op = {
+    "verify_attn",
+    .dims = {[B] = {"B", 0, INT32_MAX}, [Q] = {"Q", 1, VERIFY_MAX_Q}, [H] = {"H", 1, VERIFY_MAX_H},
+             [DQK] = {"Dqk", 0, INT32_MAX}, [DV] = {"Dv", 1, INT32_MAX}, [L] = {"L", 0, INT64_MAX},
+             [NB] = {"NB", 0, INT32_MAX}, [BS] = {"BS", 1, INT32_MAX}, [MB] = {"MB", 0, INT32_MAX}},
+    .tensors = {
+        [QT] = {"q", F32_BF16, "B Q H Dqk", KDT_IO_T},
+        [KV] = {"kv", F32_BF16, "B L Dqk", KDT_IO_T | KDT_IO_ONE_OF},             /* contiguous layout */
+        [KV_CACHE] = {"kv_cache", F32_BF16, "NB BS Dqk", KDT_IO_T | KDT_IO_ONE_OF}, /* paged layout */
+        [BLOCK_TABLE] = {"block_table", KDT_IO_DT(KDT_I32), "B MB", .with = "kv_cache"},
+        [KV_LEN] = {"kv_len", KDT_IO_DT(KDT_I32), "B"},
+        [TREE_MASK] = {"tree_mask", KDT_IO_DT(KDT_U8), "B Q Q"},
+        [DV_SCALAR] = {"dv", KDT_IO_DT(KDT_I32), "", .bind = "Dv"},
+        [SM_SCALE] = {"sm_scale", KDT_IO_DT(KDT_F32), ""},
+        [O] = {"o", F32_BF16, "B Q H Dv", KDT_IO_OUT | KDT_IO_T},
+        [LSE] = {"lse", KDT_IO_DT(KDT_F32), "B Q H", KDT_IO_OUT},
+    },
+    .check = check,
+    .call = call,
+};
 
 kdt_status kdt_verify_attn_run(const kdt_kdtr *in, kdt_kdtr_writer *out, kdt_backend backend) {
-    kdt_tensor_view q, kv, bt = {0}, len, mask;
-    kdt_status s;
-    if ((s = kdt_kdtr_find(in, "q", &q)) != KDT_OK) return s;
-    if (q.dtype != KDT_F32 && q.dtype != KDT_BF16)
-        return kdt_fail(KDT_ERR_DTYPE, "tensor 'q': dtype %s, expected f32 or bf16", kdt_dtype_name(q.dtype));
-    if (q.ndim != 4) return kdt_fail(KDT_ERR_SHAPE, "tensor 'q': expected 4 dims [B, Q, H, Dqk], got %d", q.ndim);
-    kdt_verify_attn_params p = {.dtype = q.dtype};
-    int32_t Dqk = 0, dv = 0;
-    if ((s = dim32(&q, 0, &p.B)) || (s = dim32(&q, 1, &p.Q)) || (s = dim32(&q, 2, &p.H)) || (s = dim32(&q, 3, &Dqk)))
-        return s;
-    if ((s = kdt_kdtr_scalar_i32(in, "dv", &dv)) != KDT_OK) return s;
-    if (dv < 1 || dv > Dqk)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "scalar 'dv' = %d outside 1 .. %d (Dqk, the last dim of 'q')", dv, Dqk);
-    p.Dv = dv;
-    p.Dr = Dqk - dv;
-    if ((s = kdt_kdtr_scalar_f32(in, "sm_scale", &p.sm_scale)) != KDT_OK) return s;
-    if (!isfinite(p.sm_scale)) return kdt_fail(KDT_ERR_INVALID_ARG, "scalar 'sm_scale' = %g is not finite", p.sm_scale);
-    if ((s = find_kv(in, &p, Dqk, &kv, &bt)) != KDT_OK) return s;
-    const int64_t d_b[1] = {p.B}, d_bqq[3] = {p.B, p.Q, p.Q};
-    if ((s = kdt_kdtr_find_typed(in, "kv_len", KDT_I32, 1, d_b, &len)) != KDT_OK ||
-        (s = kdt_kdtr_find_typed(in, "tree_mask", KDT_U8, 3, d_bqq, &mask)) != KDT_OK)
-        return s;
-    const uint64_t d_o[4] = {(uint64_t)p.B, (uint64_t)p.Q, (uint64_t)p.H, (uint64_t)p.Dv};
-    void *h_o;
-    float *h_lse;
-    if ((s = kdt_io_output(out, "o", p.dtype, 4, d_o, &h_o)) != KDT_OK ||
-        (s = kdt_io_output(out, "lse", KDT_F32, 3, d_o, (void **)&h_lse)) != KDT_OK)
-        return s;
-    p.q = q.data;
-    p.kv_len = len.data;
-    p.tree_mask = mask.data;
-    p.o = h_o;
-    p.lse = h_lse;
-    /* Every check on the host data, before anything is staged. */
-    if ((s = validate(&p)) != KDT_OK || (s = check_data(&p)) != KDT_OK || p.B == 0) return s;
-
-    kdt_stage st;
-    kdt_stage_init(&st, backend);
-    const size_t es = kdt_dtype_size(p.dtype), n_lse = (size_t)p.B * p.Q * p.H;
-    const int paged = p.kv_cache != NULL;
-    if ((s = kdt_stage_in(&st, "q", q.data, q.nbytes, &p.q)) ||
-        (s = kdt_stage_in(&st, paged ? "kv_cache" : "kv", kv.data, kv.nbytes, paged ? &p.kv_cache : &p.kv)) ||
-        (paged && (s = kdt_stage_in(&st, "block_table", bt.data, bt.nbytes, (const void **)&p.block_table))) ||
-        (s = kdt_stage_in(&st, "kv_len", len.data, len.nbytes, (const void **)&p.kv_len)) ||
-        (s = kdt_stage_in(&st, "tree_mask", mask.data, mask.nbytes, (const void **)&p.tree_mask)) ||
-        (s = kdt_stage_out(&st, "o", h_o, n_lse * p.Dv * es, &p.o)) ||
-        (s = kdt_stage_out(&st, "lse", h_lse, n_lse * sizeof(float), (void **)&p.lse)) ||
-        (s = kdt_verify_attn(&p, backend, NULL)) || (s = kdt_stage_finish(&st))) {
-        kdt_stage_release(&st);
-        return s;
-    }
-    kdt_stage_release(&st);
-    return KDT_OK;
+    return kdt_io_run(&io_op, in, out, backend);
 }

@@ -47,7 +47,7 @@ __device__ __forceinline__ void run_segment(const Args &a, uint8_t *smem, uint32
     const int m0 = mt * kBM, rows_valid = min(kBM, a.rows - m0);
     const int n = req_keys(a, b), prefix = n - a.Q; /* key prefix + i is tree node i */
     const int r0 = 16 * w4 + g, r1 = r0 + 8;         /* this thread's two rows in the tile */
-    float *s_scale = (float *)(smem + kOffScale), *s_m = (float *)(smem + kOffM), *s_l = (float *)(smem + kOffL);
+    float *s_scale = (float *)(smem + kOffScale);
     const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP;
 
     __syncthreads(); /* the previous segment's staging has been read */
@@ -95,35 +95,10 @@ __device__ __forceinline__ void run_segment(const Args &a, uint8_t *smem, uint32
             fence_proxy_async(); /* P is read by warpgroup 1's wgmma */
         }
         __syncthreads(); /* P and the rescale are in shared memory */
-        if (wg == 1) {
-            alpha[0] = s_scale[r0];
-            alpha[1] = s_scale[r1];
-        }
-        if (alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-            for (int j = 0; j < 32; j++) {
-                o[4 * j] *= alpha[0];
-                o[4 * j + 1] *= alpha[0];
-                o[4 * j + 2] *= alpha[1];
-                o[4 * j + 3] *= alpha[1];
-            }
-        }
-        pv_wgmma(o, p, sp, sk, wg);
+        rescale_pv(o, alpha, p, s_scale, sp, sk, wg, r0, r1);
     }
 
-    if (wg == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
-            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
-        }
-        if (t4 == 0) {
-            s_m[r0] = st.m[0], s_l[r0] = st.l[0];
-            s_m[r1] = st.m[1], s_l[r1] = st.l[1];
-        }
-    }
-    __syncthreads(); /* row sums are out; every thread's last P V is done, so the key buffers are free */
-    write_tile(a, smem, o, s_l[r0], s_l[r1], tid < kBM ? s_l[tid] : 0.f, s_m, b, m0, rows_valid, slot);
+    end_segment(a, smem, o, st, b, m0, rows_valid, slot, wg, r0, r1, t4);
 }
 
 /* ---- the TMA kernel's segment ----
@@ -143,7 +118,7 @@ __device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, ui
     const int m0 = mt * kBM, rows_valid = min(kBM, a.rows - m0);
     const int n = req_keys(a, b), prefix = n - a.Q;
     const int r0 = 16 * w4 + g, r1 = r0 + 8;
-    float *s_scale = (float *)(smem + kOffScale), *s_m = (float *)(smem + kOffM), *s_l = (float *)(smem + kOffL);
+    float *s_scale = (float *)(smem + kOffScale);
     const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP, buf0 = sbase + kOffK;
     const uint32_t bar_q = sbase + kOffBarT, bar0 = bar_q + 8;
 
@@ -195,35 +170,10 @@ __device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, ui
             fence_proxy_async();
         }
         __syncthreads(); /* P, the rescale and the zeroed keys are in shared memory */
-        if (wg == 1) {
-            alpha[0] = s_scale[r0];
-            alpha[1] = s_scale[r1];
-        }
-        if (alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-            for (int i = 0; i < 32; i++) {
-                o[4 * i] *= alpha[0];
-                o[4 * i + 1] *= alpha[0];
-                o[4 * i + 2] *= alpha[1];
-                o[4 * i + 3] *= alpha[1];
-            }
-        }
-        pv_wgmma(o, p, sp, sk, wg);
+        rescale_pv(o, alpha, p, s_scale, sp, sk, wg, r0, r1);
     }
 
-    if (wg == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
-            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
-        }
-        if (t4 == 0) {
-            s_m[r0] = st.m[0], s_l[r0] = st.l[0];
-            s_m[r1] = st.m[1], s_l[r1] = st.l[1];
-        }
-    }
-    __syncthreads(); /* row sums are out; every thread's last P V is done, so the key buffers are free */
-    write_tile(a, smem, o, s_l[r0], s_l[r1], tid < kBM ? s_l[tid] : 0.f, s_m, b, m0, rows_valid, slot);
+    end_segment(a, smem, o, st, b, m0, rows_valid, slot, wg, r0, r1, t4);
 }
 
 /* kTma: the TMA kernel (run_segment_tma), else the cp.async kernel (run_segment). */

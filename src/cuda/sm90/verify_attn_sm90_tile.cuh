@@ -167,6 +167,47 @@ __device__ __forceinline__ void write_tile(const Args &a, uint8_t *smem, const f
     }
 }
 
+/* After warpgroup 0's softmax of a tile (P and the rows' rescale in shared memory): warpgroup 1
+ * takes the rescale, both rescale O (not when no row's max moved) and add P V. */
+__device__ __forceinline__ void rescale_pv(float (&o)[128], float (&alpha)[2], const uint32_t (&p)[4][4], const float *s_scale,
+                                           uint32_t sp, uint32_t sk, int wg, int r0, int r1) {
+    if (wg == 1) {
+        alpha[0] = s_scale[r0];
+        alpha[1] = s_scale[r1];
+    }
+    if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            o[4 * j] *= alpha[0];
+            o[4 * j + 1] *= alpha[0];
+            o[4 * j + 2] *= alpha[1];
+            o[4 * j + 3] *= alpha[1];
+        }
+    }
+    pv_wgmma(o, p, sp, sk, wg);
+}
+
+/* The end of a segment whose softmax ran in warpgroup 0 (st): its row sums, summed over each
+ * quad, and maxima to shared memory, then write_tile once every thread's last P V is done. */
+__device__ __forceinline__ void end_segment(const Args &a, uint8_t *smem, const float (&o)[128], RowState &st, int b, int m0,
+                                            int rows_valid, int slot, int wg, int r0, int r1, int t4) {
+    const int tid = threadIdx.x;
+    float *s_m = (float *)(smem + kOffM), *s_l = (float *)(smem + kOffL);
+    if (wg == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
+            st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
+        }
+        if (t4 == 0) {
+            s_m[r0] = st.m[0], s_l[r0] = st.l[0];
+            s_m[r1] = st.m[1], s_l[r1] = st.l[1];
+        }
+    }
+    __syncthreads(); /* row sums are out; every thread's last P V is done, so the key buffers are free */
+    write_tile(a, smem, o, s_l[r0], s_l[r1], tid < kBM ? s_l[tid] : 0.f, s_m, b, m0, rows_valid, slot);
+}
+
 /* The block-table entries of the 64 / kv_box boxes of key tile kt of request b (n keys); -1 for
  * a box past n or a contiguous cache. Read a while before tile_rows uses them: nothing here
  * waits for the loads. */
