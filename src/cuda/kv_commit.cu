@@ -1,4 +1,4 @@
-/* kv_commit CUDA (docs/ops.md). One block per request: the block checks the request, works
+/* kv_commit CUDA (docs/interfaces.md 2.5). One block per request: the block checks the request, works
  * out every move's source and destination cache row, then copies the path's rows in order, a
  * chunk of rows at a time: the whole chunk is read into registers before any of it is written.
  * That is enough for overlapping moves: move t's destination (slot base + t) can be the source

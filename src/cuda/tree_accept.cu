@@ -1,4 +1,4 @@
-/* tree_accept CUDA (SPEC 2.3). The library runs the warp-per-request kernel: the warp copies
+/* tree_accept CUDA (docs/interfaces.md 2.3). The library runs the warp-per-request kernel: the warp copies
  * the request's Q rows of target_pred, node_token and node_parent into shared memory in one
  * round trip, checks every parent, and records for each node its lowest-index child c with
  * node_token[c] == target_pred[parent] (a shared atomicMin); the greedy walk is then a chase

@@ -1,4 +1,4 @@
-/* tree_build CUDA (SPEC 2.1): one block per request; one launch writes every output. Budgets up to
+/* tree_build CUDA (docs/interfaces.md 2.1): one block per request; one launch writes every output. Budgets up to
  * kSmallN run every request on the sequential path in a block of 4 warps; larger ones use a block
  * of 16 warps, where each request takes a parallel path or the sequential one, chosen inside the
  * kernel from its scores. Log-probability requests (every row sorted, no score above 0): a

@@ -1,4 +1,4 @@
-/* verify_attn CUDA, the general kernel (SPEC 2.2): f32 or bf16, contiguous or paged KV, any H
+/* verify_attn CUDA, the general kernel (docs/interfaces.md 2.2): f32 or bf16, contiguous or paged KV, any H
  * and Q, Dv <= 512, Dr as far as shared memory allows; the fallback behind any faster kernel.
  *
  * A (request, tree row, head) triple is a "pair"; pair m = i * H + h, so the heads of one tree

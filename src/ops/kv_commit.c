@@ -1,4 +1,4 @@
-/* kv_commit (docs/ops.md): validation, backend dispatch and the tensor adapter. */
+/* kv_commit (docs/interfaces.md 2.5): validation, backend dispatch and the tensor adapter. */
 #include "common/internal.h"
 #include "ops/backends.h"
 #include "ops/io.h"

@@ -20,4 +20,8 @@ kdt_status kdt_kv_commit_cuda(const kdt_kv_commit_params *p, void *stream) {
     (void)p; (void)stream;
     return kdt_no_cuda("kv_commit");
 }
+kdt_status kdt_tree_sample_accept_cuda(const kdt_tree_sample_accept_params *p, void *stream) {
+    (void)p; (void)stream;
+    return kdt_no_cuda("tree_sample_accept");
+}
 #endif

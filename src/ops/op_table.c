@@ -5,12 +5,12 @@
 #include "ops/backends.h"
 
 static const kdt_op_desc ops[] = {
-    {"tree_build", "best-first draft tree from top-K candidates per depth (SPEC 2.1)", kdt_tree_build_run},
-    {"verify_attn", "tree-verify attention, absorbed MLA, contiguous or paged KV (SPEC 2.2)", kdt_verify_attn_run},
-    {"tree_accept", "greedy acceptance of the longest confirmed path (SPEC 2.3)", kdt_tree_accept_run},
-    {"tree_sample_accept", "lossless acceptance when sampling: temperature, top-k, top-p, seed (SPEC 2.4)",
+    {"tree_build", "best-first draft tree from top-K candidates per depth (docs/interfaces.md 2.1)", kdt_tree_build_run},
+    {"verify_attn", "tree-verify attention, absorbed MLA, contiguous or paged KV (docs/interfaces.md 2.2)", kdt_verify_attn_run},
+    {"tree_accept", "greedy acceptance of the longest confirmed path (docs/interfaces.md 2.3)", kdt_tree_accept_run},
+    {"tree_sample_accept", "lossless acceptance when sampling: temperature, top-k, top-p, seed (docs/interfaces.md 2.4)",
      kdt_tree_sample_accept_run},
-    {"kv_commit", "move the accepted path's KV rows right after the prefix (docs/ops.md)", kdt_kv_commit_run},
+    {"kv_commit", "move the accepted path's KV rows right after the prefix (docs/interfaces.md 2.5)", kdt_kv_commit_run},
 };
 
 const kdt_op_desc *kdt_op_at(size_t index) {

@@ -1,4 +1,4 @@
-/* tree_accept (SPEC 2.3): validation, backend dispatch and the tensor adapter. */
+/* tree_accept (docs/interfaces.md 2.3): validation, backend dispatch and the tensor adapter. */
 #include "common/internal.h"
 #include "ops/backends.h"
 #include "ops/io.h"

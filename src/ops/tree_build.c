@@ -1,4 +1,4 @@
-/* tree_build (SPEC 2.1): validation, backend dispatch and the tensor adapter. */
+/* tree_build (docs/interfaces.md 2.1): validation, backend dispatch and the tensor adapter. */
 #include <math.h>
 
 #include "common/internal.h"
@@ -31,7 +31,7 @@ kdt_status kdt_tree_build(const kdt_tree_build_params *p, kdt_backend backend, v
     return kdt_tree_build_cuda(p, stream);
 }
 
-/* -inf and NaN rank below every finite score (SPEC 2.1). */
+/* -inf and NaN rank below every finite score (docs/interfaces.md 2.1). */
 static int is_bottom(float x) { return isnan(x) || x == -INFINITY; }
 
 /* Each (b, d) row non-increasing in the SPEC's order: -inf and NaN only at the end. */

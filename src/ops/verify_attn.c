@@ -1,4 +1,4 @@
-/* verify_attn (SPEC 2.2): validation, backend dispatch and the tensor adapter.
+/* verify_attn (docs/interfaces.md 2.2): validation, backend dispatch and the tensor adapter.
  *
  * Value rules the kernels rely on (kv_len, block table, mask) are checked on the host: by the
  * adapter before staging, and by kdt_verify_attn itself for the CPU backend, whose pointers are
