@@ -1,4 +1,4 @@
-/* bench_drafters: acceptance and speed of the drafters on real weights (issue 18 item 4). Loads a
+/* bench_drafters: acceptance and speed of the drafters on real weights. Loads a
  * trained target (and a draft model) once, reads prompts as token ids, and for each drafter and
  * (D, K, N) of a grid, at each batch size, generates greedily with kdt_spec_generate and reports
  * the mean accepted length, tokens/s and how many outputs equal plain greedy decoding.

@@ -1,4 +1,4 @@
-/* bench_sample_accept: kernel time of tree_sample_accept (SPEC 2.4) at Kimi K2's vocabulary,
+/* bench_sample_accept: kernel time of tree_sample_accept (docs/interfaces.md 2.4) at Kimi K2's vocabulary,
  * beside a plain device copy of the same logits timed in the same run.
  *
  *   build/bench/bench_sample_accept [--out FILE] [--iters N]

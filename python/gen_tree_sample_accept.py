@@ -1,4 +1,4 @@
-"""Reference bundles for tree_sample_accept (SPEC 2.4), from the rule in docs/sampling.md with
+"""Reference bundles for tree_sample_accept (docs/interfaces.md 2.4), from the rule in docs/sampling.md with
 numpy and Python integers alone: Philox4x32-10, the f32 exp and the integer weights are
 reimplemented here, so the expected outputs are the exact bits both backends must give.
 

@@ -33,7 +33,7 @@ The fixtures exercise: q_lora_rank set / null, YaRN with mscale != mscale_all_di
 first_k_dense_replace 0 / 1, moe_layer_freq 2 (transformers ignores the field, so the model's
 MLPs are swapped the way DeepSeek's reference code builds them), grouped routing (n_group 4,
 topk_group 2) and one group, norm_topk_prob true / false, tied embeddings, a sharded checkpoint,
-bf16 weights, rope_interleave false, and the fused layout; and the other MLA families of SPEC
+bf16 weights, rope_interleave false, and the fused layout; and the other MLA families of docs/interfaces.md
 section 4, each against its own transformers class: Moonlight's shape, DeepSeek-V2-Lite
 (DeepseekV2ForCausalLM: softmax routing, greedy top-k, no bias; its margin is SOFTMAX_MARGIN, as
 no bias ladder can spread softmax scores, and it runs on the CPU backend only), GLM-4.7-Flash
@@ -64,7 +64,7 @@ except ImportError as e:  # the CI machine has neither; the fixtures are committ
     print(f"make_fixtures: skipped ({e}); needs torch and transformers")
     sys.exit(0)
 
-# model_type -> transformers' config and model classes (the MLA families of SPEC section 4)
+# model_type -> transformers' config and model classes (the MLA families of docs/interfaces.md section 4)
 FAMILIES = {
     "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
     "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),

@@ -1,4 +1,4 @@
-"""Builds the quantized checkpoints of tests/fixtures/model/ in the hub's exact layouts (SPEC
+"""Builds the quantized checkpoints of tests/fixtures/model/ in the hub's exact layouts (docs/interfaces.md
 section 4), each with its dequantized twin, and the bit-level bundle tests/fixtures/quant/unpack.kdtr.
 
     python3 python/make_quant_fixtures.py [--out tests/fixtures] [--only fp8|int4_k26|unpack]

@@ -77,7 +77,7 @@ def table(rows, title):
 
 
 def write_md(path, cuda, cpu):
-    lines = ["# Drafters on real weights (issue 18 item 4)", "",
+    lines = ["# Drafters on real weights", "",
              "The shipped model `models/kdt-small` (python/train_small_model.py: 6 layers, Kimi K2's MLA shapes, 8 experts",
              "top 2) on its held-out prompts, greedy, with each drafter: none (plain greedy decoding), lookup (n-grams of the",
              "prompt and output), model (`models/kdt-small-draft`, 1 layer) and prefix-L (the target's first L layers).",

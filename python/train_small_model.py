@@ -1,11 +1,11 @@
-"""Trains the small DeepSeek-V3-architecture model the project ships (issue 18 item 2): a target with
+"""Trains the small DeepSeek-V3-architecture model the project ships: a target with
 Kimi K2's / DeepSeek-V3's MLA shapes (kv_lora_rank 512, rope 64, nope 128, v 128), sigmoid noaux_tc MoE
 and YaRN rope, and a 1-layer draft model of the same vocabulary, on the Python sources of the installed
 packages, with a byte-level BPE tokenizer trained here by `tokenizers`.
 
     python3 python/train_small_model.py [--out models] [--budget-s 330] [--tiny]
 
-Writes OUT/kdt-small/ and OUT/kdt-small-draft/ in the hub's layout (SPEC section 4: config.json with
+Writes OUT/kdt-small/ and OUT/kdt-small-draft/ in the hub's layout (docs/interfaces.md section 4: config.json with
 rope_scaling, bf16 safetensors, one tensor per expert, shards <= 15 MB), each with tokenizer.json and
 tokenizer_config.json; OUT/kdt-small/ also gets train_log.txt, eval.json, README.md and the held-out
 prompts (heldout_prompts.jsonl: text; heldout_prompts.ids: bos + ids, one prompt per line).

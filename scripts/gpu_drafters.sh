@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Acceptance and speed of the drafters on the shipped model (issue 18 item 4), on the GPU machine in one
+# Acceptance and speed of the drafters on the shipped model, on the GPU machine in one
 # call (about 6 minutes):
 #   bash scripts/gpu_drafters.sh
 # Builds bench_drafters for sm_90, then runs it on CUDA (bf16; batch 1 on 32 prompts, 8 and 32 on 200) and,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The forward's GPU run (issue 21): builds what it needs, checks the device MoE and the CUDA graphs
+# The forward's GPU run: builds what it needs, checks the device MoE and the CUDA graphs
 # (tests/test_model_graph), times the model with and without them beside the previous commit's
 # binaries, then the older tests and the speculative bench as time allows. Most important first;
 # a step that would pass $DEADLINE (seconds since the start, default 300) is skipped and says so.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tree_sample_accept on a GPU machine (issue 19), in one call of about 4 minutes: builds for sm_90,
+# tree_sample_accept on a GPU machine, in one call of about 4 minutes: builds for sm_90,
 # generates the numpy bundles, runs the op's tests (bundles exact on cpu and cuda, cuda == cpu bit
 # for bit on random batches up to V = 163840, the statistical tests on both backends),
 # compute-sanitizer memcheck and racecheck on the op's test, and the bench. Logs and the bench table
@@ -65,7 +65,7 @@ step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/te
 grep -E 'ERROR SUMMARY' "$LOGS/memcheck.log" | head -2
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/test_tree_sample_accept"
 grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck.log" | head -2
-# Acceptance at three temperatures for each drafter (issue 19's table): $MODEL if given, else the
+# Acceptance at three temperatures for each drafter : $MODEL if given, else the
 # built-in model (random weights: its acceptance says little about a trained model's).
 for T in 0 0.6 1.0; do
     for spec in lookup model; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trains the shipped small model and its draft model on the GPU machine in one call (issue 18 item 2):
+# Trains the shipped small model and its draft model on the GPU machine in one call:
 #   bash scripts/gpu_train_small.sh [extra train_small_model.py options]
 # BUDGET (seconds, default 340) is the training script's whole run, data preparation included; it stops
 # training in time to evaluate and save. Writes models/kdt-small and models/kdt-small-draft here, then

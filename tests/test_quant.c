@@ -1,4 +1,4 @@
-/* Quantized checkpoints (SPEC section 4), made by python/make_quant_fixtures.py with torch and
+/* Quantized checkpoints (docs/interfaces.md section 4), made by python/make_quant_fixtures.py with torch and
  * compressed-tensors: the dequantizers bit for bit against the bundle tests/fixtures/quant/
  * unpack.kdtr (nibble order, the offset of 8, group-scale broadcast and a partial group; FP8
  * codes, block scales and partial blocks); the ignore list's matching as compressed-tensors'
@@ -289,7 +289,7 @@ static void check_broken(void) {
     if (system(cmd) != 0) kt_fail("could not remove %s", tmp);
 }
 
-/* The families' config fields (SPEC section 4). */
+/* The families' config fields (docs/interfaces.md section 4). */
 static void check_family_configs(void) {
     static const struct { const char *what, *json, *needle; } cases[] = {
         {"DeepSeek-V2 greedy softmax", "\"architectures\": [\"DeepseekV2ForCausalLM\"], \"scoring_func\": \"softmax\", "

@@ -1,4 +1,4 @@
-/* Sampling end to end (issue 19) on the built-in model: the first two generated tokens of one
+/* Sampling end to end on the built-in model: the first two generated tokens of one
  * prompt over many seeds, plain sampling against speculative decoding with the model drafter
  * (drafting with the target itself, so that its top-K children are often accepted, and when
  * rejected leave a residual that differs from the target), compared by a two-sample chi-square

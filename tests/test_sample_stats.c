@@ -1,11 +1,11 @@
-/* Losslessness of tree_sample_accept by statistics (issue 19): many requests over the same tree
+/* Losslessness of tree_sample_accept by statistics: many requests over the same tree
  * and logits, each with its own seed, and chi-square tests that
  *   (a) the first emitted token is distributed as the target's filtered distribution at the root,
  *   (b) the token after an accepted child (node 1) is distributed as the target's distribution there,
  *   (c) tokens the filters (top-k, top-p) remove never appear,
  * for deterministic and for sampled children; and
  *   (d) wrong rules, reimplemented here on the same draws, fail the same test (a).
- * The expected distributions are computed here in double precision from the SPEC's words (softmax,
+ * The expected distributions are computed here in double precision from the words of docs/interfaces.md 2.4 (softmax,
  * top-k, top-p by sorting), independently of the library's integer weights.
  *
  * Sizes: N = 200000 requests per configuration; the categories are the 16 tokens, those expected

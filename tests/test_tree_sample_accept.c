@@ -1,4 +1,4 @@
-/* tree_sample_accept (SPEC 2.4) against the numpy bundles of python/gen_tree_sample_accept.py,
+/* tree_sample_accept (docs/interfaces.md 2.4) against the numpy bundles of python/gen_tree_sample_accept.py,
  * every output exact, on cpu and (where a device is present) cuda; cuda against cpu bit for bit on
  * fresh random batches; Philox4x32-10 against the published known-answer vectors; the errors
  * the op must report. The statistical tests are in test_sample_stats.c. */

@@ -1,4 +1,4 @@
-/* Tokenizers (issue 18): text <-> token ids for the models the engine runs.
+/* Tokenizers: text <-> token ids for the models the engine runs.
  *
  * Two formats, found by what the folder holds (docs/tokenizer.md):
  * - tokenizer.json (Hugging Face byte-level BPE: DeepSeek-V3, GLM, GPT-2 style), with an optional

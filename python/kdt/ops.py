@@ -138,7 +138,7 @@ def tree_accept(node_token, node_parent, num_nodes, target_pred, *, out=None):
 
 def tree_sample_accept(node_token, node_parent, num_nodes, target_logits, temperature, top_k, top_p, seed, *,
                        draft_probs=None, out=None):
-    """Lossless acceptance when sampling (SPEC 2.4, docs/sampling.md).
+    """Lossless acceptance when sampling (docs/interfaces.md 2.4, docs/sampling.md).
 
     node_token, node_parent i32 [B, Q], num_nodes i32 [B], target_logits f32 [B, Q, V],
     temperature f32 [B] (0: greedy, as tree_accept on each row's argmax), top_k i32 [B] (0: off),

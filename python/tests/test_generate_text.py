@@ -1,4 +1,4 @@
-"""`kdt generate --prompt / --prompt-file` ($KDT_BIN, SPEC section 3): the text printed equals the
+"""`kdt generate --prompt / --prompt-file` ($KDT_BIN, docs/interfaces.md section 3): the text printed equals the
 detokenized ids that `--prompt-ids` gives for the tokenizer's ids of the prompt (BOS added as
 tokenizer_config.json says), plain and speculative; the text arrives while the run goes on
 (streamed, not at the end). The model is the bf16 fixture (vocab 96) with a byte-level BPE

@@ -1,4 +1,4 @@
-"""tree_sample_accept (SPEC 2.4) through the Python binding and `kdt run`: every bundle of
+"""tree_sample_accept (docs/interfaces.md 2.4) through the Python binding and `kdt run`: every bundle of
 python/gen_tree_sample_accept.py exact on numpy arrays (into fresh and into poisoned out=
 tensors), on torch CUDA tensors where present, and through the CLI; the binding's own refusals.
 """

@@ -1,4 +1,4 @@
-"""`kdt serve` ($KDT_BIN, SPEC section 3, docs/serve.md) with real clients on 127.0.0.1: the
+"""`kdt serve` ($KDT_BIN, docs/interfaces.md section 3, docs/serve.md) with real clients on 127.0.0.1: the
 `openai` package, curl and raw sockets. The built-in model with token id prompts: completions
 streamed and not equal `kdt generate` on the same prompt alone, also for 32 clients at once
 (no cross-talk between the requests of a batch); a client that hangs up mid-stream frees its

@@ -1,4 +1,4 @@
-/* kdt tokenize / kdt detokenize (SPEC section 3): text <-> ids with a model folder's tokenizer. */
+/* kdt tokenize / kdt detokenize (docs/interfaces.md section 3): text <-> ids with a model folder's tokenizer. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* The arithmetic of tree_sample_accept (SPEC 2.4, docs/sampling.md) that decides outcomes, in one
+/* The arithmetic of tree_sample_accept (docs/interfaces.md 2.4, docs/sampling.md) that decides outcomes, in one
  * header compiled by the C reference and the CUDA kernel alike so both give the same bits:
  * Philox4x32-10, the f32 exp, the token weights, the draws. Every f32/f64 operation is one IEEE
  * operation rounded to nearest (on CUDA the __f*_rn / __d*_rn intrinsics, which are never fused;

@@ -1,4 +1,4 @@
-/* tree_sample_accept CPU reference (SPEC 2.4; the rule and its arithmetic in docs/sampling.md).
+/* tree_sample_accept CPU reference (docs/interfaces.md 2.4; the rule and its arithmetic in docs/sampling.md).
  * Every outcome is decided by the integer weights and draws of common/sample_math.h, so the CUDA
  * kernel, which sums the same integers in another order, gives the same bits. Safe on any input:
  * the tree is checked before the walk, the walk takes at most num_nodes steps, tokens outside
@@ -122,7 +122,7 @@ static void one_request(const kdt_tree_sample_accept_params *p, scratch *s, int3
     for (;;) {
         const float *row = logits + (size_t)cur * V;
         int32_t next = -1;
-        if (!(T > 0.0f)) { /* greedy: SPEC 2.3 on the row's argmax */
+        if (!(T > 0.0f)) { /* greedy: docs/interfaces.md 2.3 on the row's argmax */
             const int32_t pred = argmax_row(row, V);
             for (int32_t c = cur + 1; status == 0 && c <= n && next < 0; c++)
                 if (par[c] == cur && tok[c] == pred) next = c;

@@ -1,4 +1,4 @@
-/* Matrix products with weights kept quantized in GPU memory (SPEC section 4), for the decode and
+/* Matrix products with weights kept quantized in GPU memory (docs/interfaces.md section 4), for the decode and
  * verify sizes of the model's projections and experts: y = x W^T with x bf16 and W stored as
  *   FP8 blocks: w e4m3 bytes [N, K], scale f32 [ceil(N/128), ceil(K/128)] (DeepSeek-V3, Kimi K2);
  *   INT4 groups: w int32 words [N, K/8] (value k in bits 4 (k % 8) .. of word k / 8, offset by 8),

@@ -21,7 +21,7 @@
  * best unselected child can be next; that child is the node's "slot". Popping slot p =
  * candidate (p, depth t, k) makes node n, moves slot p to (p, t, k + 1) and opens slot n at
  * (n, t + 1, first k). Slot i lives in lane i % 32, register i / 32, as a 64-bit key whose
- * unsigned order is the SPEC's order. A step is two warp reductions (redux.sync: max of the high
+ * unsigned order is the order of docs/interfaces.md 2.1. A step is two warp reductions (redux.sync: max of the high
  * words, then min of the tie-break words among the lanes holding that max), one shared-memory
  * load for the new slot and O(N / 32) register work per lane. Meanwhile the other warps zero
  * this request's tree_mask. (Scores and tokens are staged in one global round trip, before.)
@@ -50,7 +50,7 @@ __device__ __forceinline__ uint32_t score_bits_from_order(uint32_t h) {
 
 __device__ __forceinline__ float score_from_order(uint32_t h) { return __uint_as_float(score_bits_from_order(h)); }
 
-/* A candidate's key: its unsigned order is the SPEC's order; 0 = no candidate.
+/* A candidate's key: its unsigned order is the order of docs/interfaces.md 2.1; 0 = no candidate.
  *   high word: score_order(score);
  *   low word:  ~tie with tie = depth << 17 | parent << 6 | k: lower depth, then lower parent,
  *              win. k never decides (one candidate per parent is pending); it rides along. */
@@ -440,7 +440,7 @@ __device__ request_smem request_carve(uint8_t *smem, int D, int K, int Q) {
 
 /* One global round trip: the request's scores, tokens and each score's left neighbour are loaded
  * together; the lists are emptied. Returns nonzero (for this thread's share) when the request
- * cannot take the merge path: it needs log-probabilities in sorted rows (the SPEC's order: -inf
+ * cannot take the merge path: it needs log-probabilities in sorted rows (the order of docs/interfaces.md 2.1: -inf
  * and NaN only trail a row). T threads, tid of them. */
 __device__ int stage_request(const kdt_tree_build_params &p, const request_smem &m, int b, int tid, int T) {
     const int D = p.D, K = p.K, Q = p.budget + 1;
@@ -614,7 +614,7 @@ __global__ void __launch_bounds__(32 * kSmallWarps) tree_build_small_kernel(kdt_
 }
 
 /* Shared memory of the merge path too, when it fits the device's limit (always, within the
- * SPEC's limits on an H200: at most ~128 KB, N = 1024 with D = K = 64). */
+ * the limits of docs/interfaces.md 2.1 on an H200: at most ~128 KB, N = 1024 with D = K = 64). */
 constexpr size_t kMaxSmem = 200 * 1024;
 
 size_t base_smem(int D, int K, int N) { return (size_t)20 * (N + 1) + (size_t)4 * (2 * D + 1) * K; }

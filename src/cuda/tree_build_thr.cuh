@@ -196,7 +196,7 @@ __device__ void bin_starts(const thr_smem &h, int bmax, int lane) {
 }
 
 /* Whether node c precedes node a, two nodes of equal score and depth: by their parents' order
- * (the SPEC's lower parent index), which is score, then (same depth) their own parents, up to a
+ * (the lower parent index of docs/interfaces.md 2.1), which is score, then (same depth) their own parents, up to a
  * common parent, where k decides. */
 __device__ __forceinline__ bool tie_precedes(const float *ss, const uint32_t *sm, int c, int a) {
     for (int step = 0; step < 64; step++) { /* depth <= 64: the walk meets by then */

@@ -1,4 +1,4 @@
-/* tree_sample_accept CUDA (SPEC 2.4; docs/sampling.md). One block of 1024 threads per request
+/* tree_sample_accept CUDA (docs/interfaces.md 2.4; docs/sampling.md). One block of 1024 threads per request
  * walks the tree; each visited node's logits row is read by V-parallel passes: its largest key,
  * the top-k and top-p thresholds (radix selects, 8 bits a pass, only where the filter is on),
  * the sum of weights, and for the bonus token an inverse-CDF pass (per-warp segment sums, then

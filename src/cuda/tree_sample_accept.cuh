@@ -1,4 +1,4 @@
-/* tree_sample_accept's device code (SPEC 2.4; docs/sampling.md), included by
+/* tree_sample_accept's device code (docs/interfaces.md 2.4; docs/sampling.md), included by
  * src/cuda/tree_sample_accept.cu and by tests/test_tree_sample_accept_emu.cc, which runs it on
  * CPU threads. It includes only plain C headers; the includer supplies the CUDA subset it uses
  * (shuffles, ballots, barriers, shared atomics, __ldg). One block of kThreads threads walks one
@@ -242,7 +242,7 @@ __device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int
     for (;;) {
         const float *row = p.target_logits + (row0 + cur) * V;
         if (tid == 0) s.next = -1, s.n_rej = 0, s.n_chain = 0;
-        if (!(T > 0.0f)) { /* greedy: SPEC 2.3 on the row's argmax */
+        if (!(T > 0.0f)) { /* greedy: docs/interfaces.md 2.3 on the row's argmax */
             const int pred = block_argmax(s, row, V);
             if (tid == 0) {
                 for (int c = s.first_child[cur]; c >= 0 && s.next < 0; c = s.next_sib[c])

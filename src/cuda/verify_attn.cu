@@ -374,7 +374,7 @@ kdt_status launch_dtype(const kdt_verify_attn_params *p, cudaStream_t stream) {
 
 } // namespace
 
-/* The CUDA dispatch point: a kernel for a narrower case (issue 6: sm_90a, bf16, Dv 512 / Dr 64)
+/* The CUDA dispatch point: a kernel for a narrower case (sm_90a, bf16, Dv 512 / Dr 64)
  * goes first, here; the general kernel of this file takes every call it leaves. */
 extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream) {
     int handled = 0;

@@ -1,4 +1,4 @@
-/* Checkpoint formats (SPEC section 4): the language model's name prefix, the quantization config
+/* Checkpoint formats (docs/interfaces.md section 4): the language model's name prefix, the quantization config
  * (FP8 blocks, compressed-tensors pack-quantized INT4 with its ignore list) and the exact
  * dequantizers of the CPU backend. */
 #define PCRE2_CODE_UNIT_WIDTH 8

@@ -1,4 +1,4 @@
-/* How a checkpoint stores its weights (SPEC section 4): where the language model's tensors live
+/* How a checkpoint stores its weights (docs/interfaces.md section 4): where the language model's tensors live
  * (K2.5 / K2.6 and Kimi-VL nest it under `language_model.`) and how its linears are quantized:
  * FP8 blocks (`quant_method: fp8`) or compressed-tensors `pack-quantized` INT4 groups, with the
  * `ignore` list of modules that stay in a float dtype. Also the exact dequantizers the CPU

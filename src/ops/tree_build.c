@@ -34,7 +34,7 @@ kdt_status kdt_tree_build(const kdt_tree_build_params *p, kdt_backend backend, v
 /* -inf and NaN rank below every finite score (docs/interfaces.md 2.1). */
 static int is_bottom(float x) { return isnan(x) || x == -INFINITY; }
 
-/* Each (b, d) row non-increasing in the SPEC's order: -inf and NaN only at the end. */
+/* Each (b, d) row non-increasing in the order of docs/interfaces.md 2.1: -inf and NaN only at the end. */
 static kdt_status check_sorted(const float *scores, int32_t B, int32_t D, int32_t K) {
     for (int32_t b = 0; b < B; b++)
         for (int32_t d = 0; d < D; d++) {

@@ -1,4 +1,4 @@
-/* kdt serve (SPEC section 3): options, then the HTTP daemon and the scheduler; the main thread
+/* kdt serve (docs/interfaces.md section 3): options, then the HTTP daemon and the scheduler; the main thread
  * waits for SIGTERM / SIGINT, then drains: no new requests, those running get drain_timeout
  * seconds to finish, the rest are cancelled, and the process exits 0. */
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* verify_attn on Hopper (issue 6): the fast path behind kdt_verify_attn_cuda for bf16 inputs
+/* verify_attn on Hopper: the fast path behind kdt_verify_attn_cuda for bf16 inputs
  * with Dv = 512, Dr = 64 on a device of compute capability 9.x. Internal (not installed). */
 #pragma once
 

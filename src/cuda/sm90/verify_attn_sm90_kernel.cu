@@ -1,4 +1,4 @@
-/* verify_attn on Hopper (issue 6): the main kernel. bf16, Dv 512 / Dr 64, tree mask, paged (any
+/* verify_attn on Hopper: the main kernel. bf16, Dv 512 / Dr 64, tree mask, paged (any
  * block size) or contiguous KV. Build: sm_90a only (the Makefile's SM90_ARCH).
  *
  * Design (FlashMLA's shape, plus the tree mask):
