@@ -45,7 +45,7 @@ struct Dist {
 /* f(v, x[v]) for this thread's elements v = threadIdx.x + i * kThreads of x [V], kUnroll loads
  * issued before any is used (one SM pulls a row: the loads in flight set its bandwidth). The
  * order of the calls is not the token order; every use here is order-free (max, u64 sums). */
-constexpr int kUnroll = 4;
+constexpr int kUnroll = 8;
 template <typename F> __device__ void for_row(const float *x, int V, F f) {
     int v = threadIdx.x;
     for (; v + (kUnroll - 1) * kThreads < V; v += kUnroll * kThreads) {
