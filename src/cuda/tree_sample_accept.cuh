@@ -9,6 +9,7 @@
 #include "kdt/ops.h"
 
 namespace tsa {
+namespace { /* internal linkage: the library's kernel and the emulated test both define these */
 
 constexpr int kThreads = 1024, kWarps = kThreads / 32, kMaxQ = KDT_TREE_MAX_BUDGET + 1;
 constexpr unsigned kFull = 0xffffffffu;
@@ -321,4 +322,5 @@ __device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int
     }
 }
 
+} // namespace
 } // namespace tsa
