@@ -214,7 +214,7 @@ int main(void) {
     printf("random batches: splitmix64 state %llu\n", (unsigned long long)rs);
     check_random_cuda(64, 65, 3001, 0, &rs);
     check_random_cuda(64, 33, 1027, 1, &rs);
-    check_random_cuda(8, 129, 163840, 0, &rs);
+    if (!getenv("KDT_TEST_QUICK")) check_random_cuda(8, 129, 163840, 0, &rs); /* racecheck runs without it */
     check_errors();
     return kt_exit_code();
 }

@@ -9,6 +9,7 @@
 #include "kdt/ops.h"
 
 namespace tsa {
+namespace { /* internal linkage: the library's kernel and the emulated test both define these */
 
 constexpr int kThreads = 1024, kWarps = kThreads / 32, kMaxQ = KDT_TREE_MAX_BUDGET + 1;
 constexpr unsigned kFull = 0xffffffffu;
@@ -35,11 +36,28 @@ struct Dist {
     const float *row;
     float T, m;
     unsigned tau;
-    __device__ u64 w(int v) const {
-        const float k = kdt_sample_key(__ldg(row + v), T);
+    __device__ u64 w_of(float logit) const {
+        const float k = kdt_sample_key(logit, T);
         return kdt_key_order(k) >= tau ? kdt_sample_weight(k, m) : 0;
     }
+    __device__ u64 w(int v) const { return w_of(__ldg(row + v)); }
 };
+
+/* f(v, x[v]) for this thread's elements v = threadIdx.x + i * kThreads of x [V], kUnroll loads
+ * issued before any is used (one SM pulls a row: the loads in flight set its bandwidth). The
+ * order of the calls is not the token order; every use here is order-free (max, u64 sums). */
+constexpr int kUnroll = 8;
+template <typename F> __device__ void for_row(const float *x, int V, F f) {
+    int v = threadIdx.x;
+    for (; v + (kUnroll - 1) * kThreads < V; v += kUnroll * kThreads) {
+        float r[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) r[u] = __ldg(x + v + u * kThreads);
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) f(v + u * kThreads, r[u]);
+    }
+    for (; v < V; v += kThreads) f(v, __ldg(x + v));
+}
 
 __device__ u64 warp_sum(u64 x) {
     for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
@@ -78,11 +96,10 @@ __device__ u64 block_max_u64(Smem &s, u64 x) {
 /* The loop's argmax (src/spec/rows.c): NaN below everything, -0 == +0, ties to the lowest id. */
 __device__ int block_argmax(Smem &s, const float *row, int V) {
     u64 best = 0;
-    for (int v = threadIdx.x; v < V; v += kThreads) {
-        const float x = __ldg(row + v);
+    for_row(row, V, [&](int v, float x) {
         const unsigned o = x != x ? 0u : kdt_key_order(x == 0.0f ? 0.0f : x);
         best = max(best, (u64)o << 32 | (0xFFFFFFFFu - (unsigned)v));
-    }
+    });
     return (int)(0xFFFFFFFFu - (unsigned)block_max_u64(s, best));
 }
 
@@ -96,10 +113,10 @@ __device__ unsigned radix_select(Smem &s, const Dist &d, int V, u64 need, bool w
         for (int i = threadIdx.x; i < 256; i += kThreads) s.hist_w[i] = 0, s.hist_n[i] = 0;
         __syncthreads();
         const unsigned hi_mask = shift == 24 ? 0u : ~0u << (shift + 8);
-        for (int v = threadIdx.x; v < V; v += kThreads) {
-            const float k = kdt_sample_key(__ldg(d.row + v), d.T);
+        for_row(d.row, V, [&](int, float x) {
+            const float k = kdt_sample_key(x, d.T);
             const unsigned o = kdt_key_order(k);
-            if ((o & hi_mask) != (prefix & hi_mask)) continue;
+            if ((o & hi_mask) != (prefix & hi_mask)) return;
             const unsigned bin = (o >> shift) & 255u;
             if (weighted) {
                 const u64 w = o >= d.tau ? kdt_sample_weight(k, d.m) : 0;
@@ -107,7 +124,7 @@ __device__ unsigned radix_select(Smem &s, const Dist &d, int V, u64 need, bool w
             } else {
                 atomicAdd(&s.hist_n[bin], 1u);
             }
-        }
+        });
         __syncthreads();
         if (threadIdx.x == 0) {
             u64 cum = above;
@@ -253,11 +270,11 @@ __device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int
         } else {
             Dist d = {row, T, 0.0f, 0u};
             float m = -INFINITY;
-            for (int v = tid; v < V; v += kThreads) m = fmaxf(m, kdt_sample_key(__ldg(row + v), T));
+            for_row(row, V, [&](int, float x) { m = fmaxf(m, kdt_sample_key(x, T)); });
             d.m = block_max(s, m);
             if (K > 0 && K < V) d.tau = radix_select(s, d, V, (u64)K, false);
             u64 part = 0;
-            for (int v = tid; v < V; v += kThreads) part += d.w(v);
+            for_row(row, V, [&](int, float x) { part += d.w_of(x); });
             u64 Z = block_sum(s, part);
             if (P < 1.0f) {
                 d.tau = radix_select(s, d, V, kdt_top_p_need(P, Z), true);
@@ -267,7 +284,7 @@ __device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int
             u64 Qz = 0;
             if (qrow && status == 0) {
                 part = 0;
-                for (int v = tid; v < V; v += kThreads) part += kdt_draft_weight(__ldg(qrow + v));
+                for_row(qrow, V, [&](int, float x) { part += kdt_draft_weight(x); });
                 Qz = block_sum(s, part);
             }
             if (tid == 0) s.Qz = Qz, s.Zr = Z;
@@ -305,4 +322,5 @@ __device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int
     }
 }
 
+} // namespace
 } // namespace tsa
