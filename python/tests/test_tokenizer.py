@@ -83,7 +83,10 @@ def check_docs(ref, docs):
 
 @pytest.mark.parametrize("name", ["deepseek", "gpt2", "kimi"])
 def test_equal_to_library(refs, corpus, name):
-    assert check_docs(refs[name], corpus) >= 10 * MB
+    """All 10 MB for DeepSeek-V3 style and Kimi; every third document (3 MB) for GPT-2 style, to save
+    CI time on the slowest reference."""
+    docs = corpus[::3] if name == "gpt2" else corpus
+    assert check_docs(refs[name], docs) >= (3 if name == "gpt2" else 10) * MB
 
 
 @pytest.mark.parametrize("name", ["deepseek", "gpt2", "kimi"])
