@@ -13,8 +13,8 @@ echo "== one speculative step, op by op"
 python3 python/demo_step.py --kdt build/kdt --work "${TMPDIR:-/tmp}/kdt-demo"
 
 model=models/kdt-small draft=models/kdt-small-draft
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+log=$(mktemp) txt=$(mktemp)
+trap 'rm -f "$log" "$txt"' EXIT
 rate() { sed -n 's/.*decode [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tokens\/s).*/\1/p' "$log" | tail -n 1; }
 
 if [ ! -f "$model/config.json" ]; then
@@ -31,14 +31,15 @@ fi
 
 prompt=$'import os\n\n\ndef main():\n    """'
 echo "== kdt generate --model $model --prompt '${prompt//$'\n'/\\n}' --max-new 96"
-plain=$(build/kdt generate --model "$model" --prompt "$prompt" --max-new 96 "$@" 2>"$log" | tee /dev/stderr)
-base=$(rate)
+gen() { build/kdt generate --model "$model" --prompt "$prompt" --max-new 96 "$@" 2>"$log" | tee "$txt"; }  # streams
+gen "$@"
+plain=$(cat "$txt") base=$(rate)
 echo "-- greedy: $base tokens/s"
 for spec in "lookup --depth 8 --topk 2 --budget 16" "model --draft-model $draft --depth 4 --topk 2 --budget 8"; do
     [ "${spec%% *}" = model ] && [ ! -f "$draft/config.json" ] && { echo "-- --spec model: $draft is missing"; continue; }
     echo "== --spec $spec"
-    out=$(build/kdt generate --model "$model" --prompt "$prompt" --max-new 96 --spec $spec "$@" 2>"$log" | tee /dev/stderr)
-    r=$(rate)
+    gen --spec $spec "$@"
+    out=$(cat "$txt") r=$(rate)
     acc=$(sed -n 's/.*mean accepted length \([0-9.]*\).*/\1/p' "$log")
     same=$([ "$out" = "$plain" ] && echo "same text as greedy" || echo "DIFFERENT from greedy")
     echo "-- --spec ${spec%% *}: $same; mean accepted length $acc; $r tokens/s, $(awk -v a="$r" -v b="$base" 'BEGIN { printf "%.2fx", a / b }') greedy's speed"

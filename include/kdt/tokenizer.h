@@ -44,7 +44,9 @@ KDT_API kdt_status kdt_tokenizer_encode(const kdt_tokenizer *t, const char *text
 KDT_API kdt_status kdt_tokenizer_decode(const kdt_tokenizer *t, const int32_t *ids, size_t n, char **text,
                                         size_t *len);
 KDT_API int32_t     kdt_tokenizer_vocab_size(const kdt_tokenizer *t);  /* highest id + 1, specials included */
-KDT_API int32_t     kdt_tokenizer_token_id(const kdt_tokenizer *t, const char *token); /* exact token string, -1 if none */
+/* The id of an exact token string, -1 if none: added / special tokens by their text; model tokens as
+ * tokenizer.json spells them (byte-level characters, "\u0120the" for " the"), tiktoken's by their bytes. */
+KDT_API int32_t     kdt_tokenizer_token_id(const kdt_tokenizer *t, const char *token);
 KDT_API int32_t     kdt_tokenizer_bos_id(const kdt_tokenizer *t);      /* -1 if none */
 KDT_API int32_t     kdt_tokenizer_eos_id(const kdt_tokenizer *t);      /* -1 if none */
 KDT_API const char *kdt_tokenizer_chat_template(const kdt_tokenizer *t); /* tokenizer_config.json's, or NULL */

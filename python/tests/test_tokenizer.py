@@ -83,7 +83,10 @@ def check_docs(ref, docs):
 
 @pytest.mark.parametrize("name", ["deepseek", "gpt2", "kimi"])
 def test_equal_to_library(refs, corpus, name):
-    assert check_docs(refs[name], corpus) >= 10 * MB
+    """All 10 MB for DeepSeek-V3 style and Kimi; every third document (3 MB) for GPT-2 style, to save
+    CI time on the slowest reference."""
+    docs = corpus[::3] if name == "gpt2" else corpus
+    assert check_docs(refs[name], docs) >= (3 if name == "gpt2" else 10) * MB
 
 
 @pytest.mark.parametrize("name", ["deepseek", "gpt2", "kimi"])
@@ -93,12 +96,17 @@ def test_fresh_random_text(refs, name):
     check_docs(refs[name], docs)
 
 
-@pytest.mark.parametrize("name", ["deepseek", "gpt2", "kimi"])
-def test_unseen_files(refs, name):
+@pytest.fixture(scope="module")
+def unseen():
     """Files of the other hash bucket: no test or training text came from them."""
     docs = tc.documents(SEED + 1, MB // 2, MB // 4, 0, unseen=True)
     assert docs
-    check_docs(refs[name], docs)
+    return docs
+
+
+@pytest.mark.parametrize("name", ["deepseek", "gpt2", "kimi"])
+def test_unseen_files(refs, unseen, name):
+    check_docs(refs[name], unseen)
 
 
 def test_stream_never_splits_a_character(refs):

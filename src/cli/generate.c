@@ -10,7 +10,7 @@
 #include "cli/generate_text.h"
 #include "kdt/spec.h"
 
-#define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate` without --model */
+#define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate --model builtin` */
 #define MAX_PROMPTS 64
 
 int kdt_cmd_generate(int argc, char **argv);

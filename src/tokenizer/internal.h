@@ -59,7 +59,6 @@ typedef struct tok_ids {
 int tok_ids_push(tok_ids *a, int32_t id);  /* 0 ok, -1 out of memory */
 
 /* vocab.c */
-uint64_t tok_hash(const void *p, size_t n);
 kdt_status tok_vocab_init(kdt_tokenizer *t, size_t n_tokens, int32_t n_ids);
 /* Sets id's bytes (decode) and, when in_model, the bytes -> id entry (encode). */
 kdt_status tok_vocab_set(kdt_tokenizer *t, int32_t id, const void *bytes, size_t n, int in_model);
@@ -72,9 +71,8 @@ tok_scratch *tok_scratch_new(void);
 void tok_scratch_free(tok_scratch *s);
 kdt_status tok_bpe(const kdt_tokenizer *t, const uint8_t *p, size_t n, tok_scratch *s, tok_ids *out);
 
-/* byte-level mapping of GPT-2: byte b <-> one code point; tok_bytelevel_decode turns a token's
- * characters back into bytes (-1 when a character is not one of the 256). */
-uint32_t tok_bytelevel_char(uint8_t b);
+/* GPT-2's byte-level mapping (each byte spelled as one code point): a token's characters back
+ * into bytes at out; -1 when a character is not one of the 256. */
 long tok_bytelevel_decode(const char *s, size_t n, uint8_t *out);
 
 /* utf8.c */

@@ -6,7 +6,7 @@
 
 #include "tokenizer/internal.h"
 
-uint64_t tok_hash(const void *p, size_t n) {
+static uint64_t tok_hash(const void *p, size_t n) {
     const uint8_t *s = p;
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ (n * 0xFF51AFD7ED558CCDULL);
     while (n >= 8) {
@@ -120,14 +120,8 @@ static inline const tok_pair *pair_find(const kdt_tokenizer *t, int32_t a, int32
     }
 }
 
-/* ---- GPT-2's byte-level map: printable bytes stand for themselves, the 68 others for 256.. ---- */
-
-uint32_t tok_bytelevel_char(uint8_t b) {
-    if (b <= 32) return 256u + b;
-    if (b >= 127 && b <= 160) return 256u + 33 + (b - 127u);
-    if (b == 173) return 256u + 67;
-    return b;
-}
+/* ---- GPT-2's byte-level map: printable bytes stand for themselves, the 68 others (0-32, 127-160,
+ * 173, in order) for U+0100 - U+0143 ---- */
 
 static int bytelevel_byte(uint32_t c) {
     if ((c >= 33 && c <= 126) || (c >= 161 && c <= 255 && c != 173)) return (int)c;
