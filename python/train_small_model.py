@@ -517,6 +517,10 @@ def main():
     log(f"training: {step} steps, {tokens} tokens, {t_train:.0f} s; expert loads of the last steps {last_loads}")
     balancer.active = False
     torch.backends.cuda.matmul.allow_tf32 = False  # the samples in full f32: the engine's CPU check compares them
+    with torch.no_grad():  # from here on the models are what is saved: bf16 weights (the router's bias stays f32)
+        for m in (target, draft):
+            for prm in m.parameters():
+                prm.copy_(prm.bfloat16().float())
 
     ev_seqs = 64 if tiny else 400
     ppl_t, n_ev = perplexity(target, held_ids, seq, bs, device, ev_seqs)
