@@ -594,7 +594,7 @@ AdamW (0.9, 0.95, weight decay 0.1), lr {ev['lr']} with warm-up and cosine decay
 {ev['train_seconds']:.0f} s. Experts kept balanced DeepSeek-V3's way (no auxiliary loss: each step the
 correction bias moves 3e-3 towards the under-loaded experts); the loads are in `train_log.txt`.
 
-## Evaluation (held-out files, {ev['heldout_tokens']} tokens)
+## Evaluation (held-out files, {ev['heldout_tokens']} tokens; bf16 autocast on the GPU, bf16 weights)
 | model | perplexity |
 |---|---|
 | target | {ev['heldout_perplexity']['target']:.3f} |
