@@ -218,7 +218,8 @@ def build(cfg, device, attn):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 model(input_ids=torch.zeros(2, 8, dtype=torch.long, device=device)).logits.float().sum().backward()
             model.zero_grad(set_to_none=True)
-            log(f"attention ({cfg['num_hidden_layers']} layers): {impl}")
+            log(f"attention ({cfg['num_hidden_layers']} layers): {impl}; experts:"
+                f" {getattr(model.config, '_experts_implementation', None) or 'the loop'}")
             return model
         except Exception as e:
             log(f"attention {impl} failed: {type(e).__name__}: {e}")
