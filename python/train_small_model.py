@@ -208,22 +208,25 @@ def hub_config(vocab, tiny, draft):
 
 
 def build(cfg, device, attn):
-    """The model on device with attention `attn` (sdpa), or eager where a trial forward and backward with
-    it fails (q and v head dims differ in MLA: 192 and 128)."""
+    """The model on device with attention `attn` (sdpa) and transformers' default experts kernel (grouped_mm
+    where torch has it), each falling back to eager (the plain loop) where a trial forward and backward fails
+    (MLA's q and v head dims differ: 192 and 128)."""
     config = DeepseekV3Config.from_dict(dict(cfg))
     model = DeepseekV3ForCausalLM(config).to(device)
-    for impl in (attn, "eager"):
+    default_experts = getattr(model.config, "_experts_implementation", None)
+    for impl, experts in ((attn, default_experts), ("eager", default_experts), (attn, "eager"), ("eager", "eager")):
         try:
             model.config._attn_implementation = impl
+            if experts != default_experts:
+                model.config._experts_implementation = experts
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 model(input_ids=torch.zeros(2, 8, dtype=torch.long, device=device)).logits.float().sum().backward()
             model.zero_grad(set_to_none=True)
-            log(f"attention ({cfg['num_hidden_layers']} layers): {impl}; experts:"
-                f" {getattr(model.config, '_experts_implementation', None) or 'the loop'}")
+            log(f"attention ({cfg['num_hidden_layers']} layers): {impl}; experts: {experts}")
             return model
         except Exception as e:
-            log(f"attention {impl} failed: {type(e).__name__}: {e}")
-    raise SystemExit("no attention implementation works")
+            log(f"attention {impl}, experts {experts} failed: {type(e).__name__}: {e}")
+    raise SystemExit("no attention and experts implementation works")
 
 
 def n_params(model):
