@@ -145,7 +145,8 @@ int main(int argc, char **argv) {
     const char *grid = "small", *batches_arg = "1,8,32", *limits_arg = NULL, *prefix_arg = "1,2", *pick = NULL;
     int limit = 200, max_new = 96;
     double budget = 0;
-    kdt_backend be = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU;
+    int be_given = 0;  /* without --backend: cuda where a device is; asking touches CUDA, so only then */
+    kdt_backend be = KDT_BACKEND_CPU;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { fprintf(stderr, "bench_drafters: %s needs a value\n", a); return 2; }
@@ -164,6 +165,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--out")) md_path = v;
         else if (!strcmp(a, "--time-budget")) budget = atof(v);
         else if (!strcmp(a, "--backend")) {
+            be_given = 1;
             if (!strcmp(v, "cpu")) be = KDT_BACKEND_CPU;
             else if (!strcmp(v, "cuda")) be = KDT_BACKEND_CUDA;
             else { fprintf(stderr, "bench_drafters: --backend takes cpu or cuda, not %s\n", v); return 2; }
@@ -181,6 +183,7 @@ int main(int argc, char **argv) {
         snprintf(default_prompts, sizeof default_prompts, "%s/heldout_prompts.ids", model_dir);
         prompts_path = default_prompts;
     }
+    if (!be_given && kdt_cuda_available()) be = KDT_BACKEND_CUDA;
     if (be == KDT_BACKEND_CUDA && !kdt_cuda_available()) { fprintf(stderr, "bench_drafters: no CUDA device\n"); return 1; }
     const double t0 = now_s();
 

@@ -208,21 +208,25 @@ def hub_config(vocab, tiny, draft):
 
 
 def build(cfg, device, attn):
-    """The model on device with attention `attn` (sdpa), or eager where a trial forward and backward with
-    it fails (q and v head dims differ in MLA: 192 and 128)."""
+    """The model on device with attention `attn` (sdpa) and transformers' default experts kernel (grouped_mm
+    where torch has it), each falling back to eager (the plain loop) where a trial forward and backward fails
+    (MLA's q and v head dims differ: 192 and 128)."""
     config = DeepseekV3Config.from_dict(dict(cfg))
     model = DeepseekV3ForCausalLM(config).to(device)
-    for impl in (attn, "eager"):
+    default_experts = getattr(model.config, "_experts_implementation", None)
+    for impl, experts in ((attn, default_experts), ("eager", default_experts), (attn, "eager"), ("eager", "eager")):
         try:
             model.config._attn_implementation = impl
+            if experts != default_experts:
+                model.config._experts_implementation = experts
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 model(input_ids=torch.zeros(2, 8, dtype=torch.long, device=device)).logits.float().sum().backward()
             model.zero_grad(set_to_none=True)
-            log(f"attention ({cfg['num_hidden_layers']} layers): {impl}")
+            log(f"attention ({cfg['num_hidden_layers']} layers): {impl}; experts: {experts}")
             return model
         except Exception as e:
-            log(f"attention {impl} failed: {type(e).__name__}: {e}")
-    raise SystemExit("no attention implementation works")
+            log(f"attention {impl}, experts {experts} failed: {type(e).__name__}: {e}")
+    raise SystemExit("no attention and experts implementation works")
 
 
 def n_params(model):
@@ -517,6 +521,10 @@ def main():
     log(f"training: {step} steps, {tokens} tokens, {t_train:.0f} s; expert loads of the last steps {last_loads}")
     balancer.active = False
     torch.backends.cuda.matmul.allow_tf32 = False  # the samples in full f32: the engine's CPU check compares them
+    with torch.no_grad():  # from here on the models are what is saved: bf16 weights (the router's bias stays f32)
+        for m in (target, draft):
+            for prm in m.parameters():
+                prm.copy_(prm.bfloat16().float())
 
     ev_seqs = 64 if tiny else 400
     ppl_t, n_ev = perplexity(target, held_ids, seq, bs, device, ev_seqs)
@@ -590,7 +598,7 @@ AdamW (0.9, 0.95, weight decay 0.1), lr {ev['lr']} with warm-up and cosine decay
 {ev['train_seconds']:.0f} s. Experts kept balanced DeepSeek-V3's way (no auxiliary loss: each step the
 correction bias moves 3e-3 towards the under-loaded experts); the loads are in `train_log.txt`.
 
-## Evaluation (held-out files, {ev['heldout_tokens']} tokens)
+## Evaluation (held-out files, {ev['heldout_tokens']} tokens; bf16 autocast on the GPU, bf16 weights)
 | model | perplexity |
 |---|---|
 | target | {ev['heldout_perplexity']['target']:.3f} |

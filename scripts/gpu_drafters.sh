@@ -36,7 +36,7 @@ for f in "$MODEL/config.json" "$DRAFT/config.json" "$MODEL/heldout_prompts.ids";
 done
 
 echo "## build"
-if ! timeout 240 make -j"$(nproc)" "${MAKEVARS[@]}" "$BUILD/bench/bench_drafters" >"$WORK/build.log" 2>&1; then
+if ! timeout 300 make -j"$(nproc)" "${MAKEVARS[@]}" "$BUILD/bench/bench_drafters" >"$WORK/build.log" 2>&1; then
     tail -30 "$WORK/build.log"
     tar -czf "$OUT/drafters_logs.tgz" -C "$WORK" .
     exit 1
