@@ -29,7 +29,7 @@ if [ ! -f "$model/config.json" ]; then
     exit 0
 fi
 
-prompt=$'import os\n\n\ndef main():\n    """'
+prompt=$'import argparse\n\n\ndef parse_args():'
 echo "== kdt generate --model $model --prompt '${prompt//$'\n'/\\n}' --max-new 96"
 gen() { build/kdt generate --model "$model" --prompt "$prompt" --max-new 96 "$@" 2>"$log" | tee "$txt"; }  # streams
 gen "$@"
