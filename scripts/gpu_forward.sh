@@ -96,6 +96,11 @@ step test_spec 120 "$T/test_spec"
 test_counts test_spec
 KDT_MODEL_FLAGS=3 step test_model_cuda_flags3 120 "$T/test_model_cuda"
 test_counts test_model_cuda_flags3
+# The written all-experts checkpoint, 10 seeds, both paths (intermittent until its weights were zero-mean).
+for f in 0 3; do
+    KDT_MODEL_FLAGS=$f KDT_TEST_ONLY=checkpoint KDT_TEST_REPEAT=10 step "test_model_cuda_ckpt10_flags$f" 180 "$T/test_model_cuda"
+    test_counts "test_model_cuda_ckpt10_flags$f"
+done
 KDT_MODEL_FLAGS=3 step test_spec_flags3 120 "$T/test_spec"
 test_counts test_spec_flags3
 

@@ -106,9 +106,9 @@ static float to_f(bf16 v) { return bf16_to_f32(v); }
 static uint64_t g_rng = 0x4D4F45;
 static uint32_t rnd() {
     g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(g_rng >> 33);
+    return (uint32_t)(g_rng >> 32); /* all 32 bits: with >> 33, uni() was [-1, 0) only */
 }
-static float uni() { return (float)rnd() * (2.0f / 4294967296.0f) - 1.0f; }
+static float uni() { return (float)rnd() * (2.0f / 4294967296.0f) - 1.0f; } /* [-1, 1) */
 
 static int g_fail;
 
