@@ -87,8 +87,9 @@ KDT_API const kdt_model_config *kdt_model_get_config(const kdt_model *m);
 KDT_API kdt_backend kdt_model_backend(const kdt_model *m);
 KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (also the cache's) */
 /* Options of the CUDA forward (bits; the CPU backend ignores them). A model starts with
- * $KDT_MODEL_FLAGS (a number) where set, else 0.
- *   KDT_MODEL_MOE_DEVICE: MoE layers of batches with at most 16 rows per expert on average (decode,
+ * $KDT_MODEL_FLAGS (a number) where set, else KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS.
+ *   KDT_MODEL_MOE_DEVICE: MoE layers of batches with at most 16 rows per expert on average (2 for
+ *     experts of 8 MB and more, where cuBLAS is faster past that; decode,
  *     verification) run the routed experts in two kernels reading the routing from device memory,
  *     so the forward has no host wait inside (else cuBLAS GEMMs per expert, sized on the host).
  *   KDT_MODEL_GRAPHS: KDT_MODEL_MOE_DEVICE, and forwards with no host wait inside are captured as

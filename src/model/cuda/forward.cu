@@ -49,6 +49,12 @@
  * (moe.cu stages 16 rows per pass); with KDT_MODEL_GEMV, projections of at most this many
  * rows run them too. */
 #define MOE_SMALL_ROWS_PER_EXPERT 16
+/* Large experts leave the launch-bound regime sooner: above 2 rows per expert, cuBLAS's
+ * per-expert GEMMs beat the device kernels on Kimi's 7168 x 2048 experts (H200, bench_model,
+ * 2026-12-02: 4 rows per expert 1.64 ms against 1.46, 16 rows 3.02 against 1.83; 0.5 rows 0.89
+ * against 1.14), while the small models' forwards are launch-bound at every size measured. */
+#define MOE_LARGE_EXPERT_BYTES (8ull << 20)
+#define MOE_LARGE_ROWS_PER_EXPERT 2
 #define GEMV_MAX_ROWS 16
 
 struct kdt_cuda_ctx {
@@ -571,8 +577,10 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     const Dims &d = f.d;
     const kdt_model *m = f.m;
     const int64_t I = m->cfg.moe_intermediate_size;
+    const bool large = 3ull * (uint64_t)d.hid * (uint64_t)I * d.es >= MOE_LARGE_EXPERT_BYTES;
+    const int64_t rows_per_expert = large ? MOE_LARGE_ROWS_PER_EXPERT : MOE_SMALL_ROWS_PER_EXPERT;
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
-                  d.R * d.K <= (int64_t)MOE_SMALL_ROWS_PER_EXPERT * d.E;
+                  d.R * d.K <= rows_per_expert * d.E;
     f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
