@@ -155,6 +155,16 @@ typedef struct kdt_batch {
  * host, may be NULL: what a drafter that reads the target's states takes). On failure no cache
  * length changes. stream: the CUDA stream (unused on CPU). On CUDA, logits and hidden may also
  * be device memory, and the call returns once they are written. */
+/* What the forward's hidden output holds: with n > 0, the residual streams after layers
+ * layers[0 .. n-1] (each in 0 .. num_hidden_layers - 1, the output of that decoder layer, no norm),
+ * concatenated per row: hidden [R, n * hidden_size]; n = 0 (the default): the final norm's output
+ * [R, hidden_size]. For drafters that read intermediate layers (DFlash). CPU backend only for
+ * n > 0 (a CUDA forward asked for hidden then fails with KDT_ERR_UNSUPPORTED). */
+#define KDT_MODEL_MAX_HIDDEN_LAYERS 16
+KDT_API kdt_status kdt_model_set_hidden_layers(kdt_model *m, int32_t n, const int32_t *layers);
+/* The embedding and the LM head, host f32 [vocab, hidden] each (the same memory when tied):
+ * CPU backend only (KDT_ERR_UNSUPPORTED on CUDA). For drafters that share them (DFlash). */
+KDT_API kdt_status kdt_model_host_embeddings(const kdt_model *m, const float **embed, const float **lm_head);
 KDT_API kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *batch,
                                      float *logits, float *hidden, void *stream);
 

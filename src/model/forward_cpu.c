@@ -432,10 +432,14 @@ kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *bt, cons
             mlp(&L->dense, hin, R, hid, bf, &w, w.ye);
             for (int64_t i = 0; i < R * hid; i++) w.x[i] += w.ye[i];
         }
+        for (int32_t j = 0; hidden && j < m->n_hid_layers; j++) /* a layer may be asked for twice */
+            if (m->hid_layers[j] == l)
+                for (int64_t r = 0; r < R; r++)
+                    memcpy(hidden + (r * m->n_hid_layers + j) * hid, w.x + r * hid, (size_t)hid * sizeof(float));
     }
     if (s == KDT_OK) {
         for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, m->final_norm, hid, cf->rms_norm_eps, w.h + r * hid);
-        if (hidden) memcpy(hidden, w.h, (size_t)(R * hid) * sizeof(float));
+        if (hidden && m->n_hid_layers == 0) memcpy(hidden, w.h, (size_t)(R * hid) * sizeof(float));
         if (bf) round_bf16(w.h, R * hid);
         if (logits && bt->logits_rows == KDT_LOGITS_ALL) {
             linear(w.h, R, hid, m->lm_head, cf->vocab_size, logits);

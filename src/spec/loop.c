@@ -535,7 +535,8 @@ kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *dr, const kdt_spec_param
     memset(st, 0, sizeof *st);
     const kdt_model_config *cf = kdt_model_get_config(m);
     loop L = {.m = m, .dr = dr, .p = *p, .be = kdt_model_backend(m), .stream = stream, .st = st, .reqs = reqs, .B = B,
-              .D = dr ? p->depth : 1, .K = dr ? p->topk : 1, .N = dr ? p->budget : 1, .V = cf->vocab_size, .hid = cf->hidden_size};
+              .D = dr ? p->depth : 1, .K = dr ? p->topk : 1, .N = dr ? p->budget : 1, .V = cf->vocab_size,
+              .hid = cf->hidden_size * (dr && dr->wants_hidden && dr->n_hidden_layers > 0 ? dr->n_hidden_layers : 1)};
     L.Q = L.N + 1;
     int32_t max_hist = 1;
     for (int32_t b = 0; b < B; b++) {
@@ -545,9 +546,11 @@ kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *dr, const kdt_spec_param
     }
     /* The cache holds a history without its root, plus the tree rows being verified. */
     s = loop_alloc(&L, max_hist + L.Q);
+    const int32_t n_layers = dr && dr->wants_hidden ? dr->n_hidden_layers : 0;
+    if (s == KDT_OK && n_layers > 0) s = kdt_model_set_hidden_layers(m, n_layers, dr->hidden_layers);
     if (s == KDT_OK && dr) {
         const kdt_draft_setup set = {.slots = B, .max_len = max_hist, .D = L.D, .K = L.K, .vocab_size = L.V,
-                                     .hidden_size = L.hid, .backend = L.be, .stream = stream};
+                                     .hidden_size = cf->hidden_size, .backend = L.be, .stream = stream};
         s = dr->begin(dr->state, &set);
     }
     for (int32_t b = 0; s == KDT_OK && b < B; b++) L.done[b] = reqs[b].max_new == 0;
@@ -560,6 +563,7 @@ kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *dr, const kdt_spec_param
         s = dr ? spec_step(&L) : greedy_step(&L);
     }
     loop_free(&L);
+    if (n_layers > 0) kdt_model_set_hidden_layers(m, 0, NULL);
     st->t_total = now_s() - t0;
     return s;
 }
