@@ -90,6 +90,11 @@ KDT_API kdt_status kdt_drafter_model(kdt_model *draft, kdt_drafter **out);
  * target's embedding and LM head (target must outlive the drafter). CPU backend only so far. */
 KDT_API kdt_status kdt_drafter_dflash(kdt_model *target, const char *dir, kdt_drafter **out);
 
+/* MTP: the next-token layer of the checkpoint in dir (kdt_model_load_mtp; normally the target's
+ * own folder) run D times in a chain per step over its own cache, fed the target's final hidden
+ * states; depth d's candidates are the top K of its d-th logits (docs/spec.md). CPU backend only. */
+KDT_API kdt_status kdt_drafter_mtp(const char *dir, kdt_backend backend, kdt_drafter **out);
+
 KDT_API void kdt_drafter_free(kdt_drafter *d);   /* destroy(state), then the struct */
 
 /* Loads the checkpoint folder dir as kdt_model_load does, keeping only its first num_layers

@@ -441,6 +441,7 @@ kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, fl
     int64_t R = 0;
     kdt_status s = check_batch(m, c, bt, &R);
     if (s != KDT_OK) return s;
+    if (m->mtp_eh && !bt->mtp_hidden) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: an MTP model needs the batch's mtp_hidden");
     int32_t *start = malloc((size_t)bt->B * sizeof *start), *pos = malloc((size_t)R * sizeof *pos);
     if (!start || !pos) { free(start); free(pos); return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory"); }
     for (int32_t b = 0, r = 0; b < bt->B; b++) {
