@@ -72,47 +72,57 @@ def rms(x, w, eps):
 
 
 def rope(x, pos, theta):
-    """x [..., n, heads, hd] rotated at pos [n], rotate-half layout."""
+    """x [B, n, heads, hd] rotated at pos [B, n], rotate-half layout."""
     hd = x.shape[-1]
-    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    ang = pos.to(torch.float64)[:, None] * inv[None, :]
-    cos, sin = torch.cos(ang).to(x.dtype)[:, None, :], torch.sin(ang).to(x.dtype)[:, None, :]
+    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=x.device) / hd)
+    ang = pos.to(x.device, torch.float64)[..., None] * inv
+    cos, sin = torch.cos(ang).to(x.dtype)[:, :, None, :], torch.sin(ang).to(x.dtype)[:, :, None, :]
     a, b = x[..., : hd // 2], x[..., hd // 2:]
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def forward(cfg, w, embed, lm_head, ctx_feat, block, pos0):
-    """Logits [bs, V] of the block's rows. ctx_feat [C, nT * hid] (the target's layers, rows of
-    positions 0 .. C-1 or pos0 - C .. pos0 - 1), block [bs] token ids at positions pos0 .., embed /
-    lm_head [V, hid]. Batched over a leading dim when ctx_feat is [B, C, nT*hid], block [B, bs]."""
+def forward_blocks(cfg, w, embed, lm_head, ctx_feat, blocks, anchors):
+    """Logits [B, A, bs, V] of A blocks per sequence sharing one context: ctx_feat [B, C, nT * hid]
+    (row j at position j), blocks [B, A, bs] token ids, anchors [B, A] (block a's first row at
+    position anchors[:, a], seeing the context rows before it and its own block only)."""
     dt = w["fc.weight"].dtype
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     H, KV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    squeeze = ctx_feat.dim() == 2
-    if squeeze:
-        ctx_feat, block = ctx_feat[None], block[None]
     B, C, _ = ctx_feat.shape
-    bs = block.shape[1]
-    c = rms(ctx_feat.to(dt) @ w["fc.weight"].T, w["hidden_norm.weight"], eps)
-    x = embed.to(dt)[block] * cfg.get("input_embedding_scale", 1.0)
-    pos_c = torch.arange(pos0 - C, pos0)
-    pos_b = torch.arange(pos0, pos0 + bs)
+    A, bs = blocks.shape[1], blocks.shape[2]
+    dev = ctx_feat.device
+    c = rms(ctx_feat.to(dt) @ w["fc.weight"].T, w["hidden_norm.weight"], eps)            # [B, C, hid]
+    x = embed.to(dt)[blocks].reshape(B, A * bs, -1) * cfg.get("input_embedding_scale", 1.0)
+    pos_b = (anchors[:, :, None] + torch.arange(bs, device=dev)).reshape(B, A * bs)                    # [B, A*bs]
+    pos_k = torch.cat([torch.arange(C, device=dev).expand(B, C), pos_b], dim=1)                        # [B, C + A*bs]
+    blk = torch.arange(A, device=dev).repeat_interleave(bs)
+    see_ctx = torch.arange(C, device=dev)[None, None, :] < anchors.repeat_interleave(bs, dim=1)[:, :, None]  # [B, A*bs, C]
+    see_blk = (blk[:, None] == blk[None, :]).expand(B, -1, -1)
+    visible = torch.cat([see_ctx, see_blk], dim=2)[:, None]                                # [B, 1, A*bs, C + A*bs]
     for i in range(cfg["num_hidden_layers"]):
         p = f"layers.{i}."
         h = rms(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(B, bs, H, hd)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(B, A * bs, H, hd)
         kv_in = torch.cat([c, h], dim=1)
-        k = (kv_in @ w[p + "self_attn.k_proj.weight"].T).view(B, C + bs, KV, hd)
-        v = (kv_in @ w[p + "self_attn.v_proj.weight"].T).view(B, C + bs, KV, hd)
+        k = (kv_in @ w[p + "self_attn.k_proj.weight"].T).view(B, C + A * bs, KV, hd)
+        v = (kv_in @ w[p + "self_attn.v_proj.weight"].T).view(B, C + A * bs, KV, hd)
         q = rope(rms(q, w[p + "self_attn.q_norm.weight"], eps), pos_b, theta)
-        k = rope(rms(k, w[p + "self_attn.k_norm.weight"], eps), torch.cat([pos_c, pos_b]), theta)
+        k = rope(rms(k, w[p + "self_attn.k_norm.weight"], eps), pos_k, theta)
         k = k.repeat_interleave(H // KV, dim=2)
         v = v.repeat_interleave(H // KV, dim=2)
         att = torch.einsum("bqhd,bkhd->bhqk", q, k) * hd ** -0.5
-        o = torch.einsum("bhqk,bkhd->bqhd", att.softmax(-1), v).reshape(B, bs, H * hd)
+        att = att.masked_fill(~visible, float("-inf"))
+        o = torch.einsum("bhqk,bkhd->bqhd", att.softmax(-1), v).reshape(B, A * bs, H * hd)
         x = x + o @ w[p + "self_attn.o_proj.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"], eps)
         g = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
         x = x + g @ w[p + "mlp.down_proj.weight"].T
     logits = rms(x, w["norm.weight"], eps) @ lm_head.to(dt).T * cfg.get("output_multiplier", 1.0)
-    return logits[0] if squeeze else logits
+    return logits.view(B, A, bs, -1)
+
+
+def forward(cfg, w, embed, lm_head, ctx_feat, block, pos0):
+    """Logits [bs, V] of one block [bs] at positions pos0 .. over the context ctx_feat [pos0, nT * hid]
+    (every row before it)."""
+    assert ctx_feat.shape[0] == pos0
+    return forward_blocks(cfg, w, embed, lm_head, ctx_feat[None], block[None, None], torch.tensor([[pos0]]))[0, 0]
