@@ -4,7 +4,7 @@
 
 #include "kdt/spec.h"
 
-#define DFL_MAX_ALLOCS 4096
+#define DFL_MAX_ALLOCS (11 * 256 + 3) /* tensors of the most layers the config allows */
 
 typedef struct dfl_config {
     int32_t hid, L, H, KV, hd, I, V;   /* hidden, layers, query heads, KV heads, head dim, MLP, vocabulary */

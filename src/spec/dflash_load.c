@@ -129,7 +129,7 @@ static kdt_status tensor(dfl_model *m, const kdt_st *st, const char *name, int n
     if (t->dtype != KDT_F32 && t->dtype != KDT_BF16)
         return kdt_fail(KDT_ERR_DTYPE, "dflash checkpoint: tensor %s is %s (F32 or BF16 wanted)", name, t->dtype_name);
     float *w = malloc((size_t)t->numel * sizeof *w);
-    if (!w || m->n_allocs == DFL_MAX_ALLOCS) { free(w); return kdt_fail(KDT_ERR_NOMEM, "dflash checkpoint: out of memory for %s", name); }
+    if (!w) return kdt_fail(KDT_ERR_NOMEM, "dflash checkpoint: out of memory for %s", name);
     m->allocs[m->n_allocs++] = w;
     const unsigned char *p = t->data;
     for (uint64_t i = 0; i < t->numel; i++) {
@@ -205,7 +205,6 @@ kdt_status dfl_model_load(const char *dir, dfl_model **out) {
         m->inv_freq = malloc((size_t)(m->c.hd / 2) * sizeof *m->inv_freq);
         if (!m->layers || !m->allocs || !m->inv_freq) s = kdt_fail(KDT_ERR_NOMEM, "dflash: out of memory");
     }
-    if (m->c.L * 11 + 3 > DFL_MAX_ALLOCS && s == KDT_OK) s = kdt_fail(KDT_ERR_UNSUPPORTED, "dflash config: too many layers (%d)", m->c.L);
     for (int32_t i = 0; s == KDT_OK && i < m->c.hd / 2; i++) m->inv_freq[i] = (float)pow(m->c.theta, -2.0 * i / m->c.hd);
     kdt_st *st = NULL;
     if (s == KDT_OK) s = kdt_st_open_dir(dir, &st);
