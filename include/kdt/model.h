@@ -75,6 +75,13 @@ typedef struct kdt_cache kdt_cache;
  * activations between GEMMs and the KV cache in bf16; accumulation, norms, the residual stream
  * and the router in f32). */
 KDT_API kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_model **out);
+/* The checkpoint's first next-token (MTP) layer, model.layers.N with N = num_hidden_layers
+ * (DeepSeek-V3, GLM-4.7-Flash: num_nextn_predict_layers >= 1), as a one-layer model whose row
+ * input is x = eh_proj([enorm(embed(token)); hnorm(h)]), h the kdt_batch's mtp_hidden row, then
+ * the decoder layer (MLA over its own cache, MoE or dense as layer N is), shared_head.norm and
+ * shared_head.head (the checkpoint's LM head when absent); the embedding is layer N's
+ * embed_tokens when present, else the model's. CPU backend only (KDT_ERR_UNSUPPORTED otherwise). */
+KDT_API kdt_status kdt_model_load_mtp(const char *dir, kdt_backend backend, kdt_model **out);
 /* The built-in model (Kimi K2's layout scaled down: see src/model/builtin.c), made from seed. */
 KDT_API kdt_status kdt_model_builtin(uint64_t seed, kdt_backend backend, kdt_model **out);
 /* As the two above with the compute dtype chosen: KDT_F32 (on CUDA too: f32 weights, activations
@@ -157,6 +164,8 @@ typedef struct kdt_batch {
     const uint8_t *tree_mask;    /* per request [n_rows, n_rows] (0/1), back to back; NULL: causal.
                                     A request with a mask has n_rows <= KDT_MODEL_MAX_TREE. */
     kdt_logits_rows logits_rows;
+    const float *mtp_hidden;     /* [R, hidden] host: an MTP model's (kdt_model_load_mtp) other input, the
+                                    target's hidden state paired with each row's token; NULL otherwise */
 } kdt_batch;
 
 /* Runs the model over the batch's rows, appends their latent KV rows to the cache (a chain
@@ -165,6 +174,16 @@ typedef struct kdt_batch {
  * host, may be NULL: what a drafter that reads the target's states takes). On failure no cache
  * length changes. stream: the CUDA stream (unused on CPU). On CUDA, logits and hidden may also
  * be device memory, and the call returns once they are written. */
+/* What the forward's hidden output holds: with n > 0, the residual streams after layers
+ * layers[0 .. n-1] (each in 0 .. num_hidden_layers - 1, the output of that decoder layer, no norm),
+ * concatenated per row: hidden [R, n * hidden_size]; n = 0 (the default): the final norm's output
+ * [R, hidden_size]. For drafters that read intermediate layers (DFlash). CPU backend only for
+ * n > 0 (a CUDA forward asked for hidden then fails with KDT_ERR_UNSUPPORTED). */
+#define KDT_MODEL_MAX_HIDDEN_LAYERS 16
+KDT_API kdt_status kdt_model_set_hidden_layers(kdt_model *m, int32_t n, const int32_t *layers);
+/* The embedding and the LM head, host f32 [vocab, hidden] each (the same memory when tied):
+ * CPU backend only (KDT_ERR_UNSUPPORTED on CUDA). For drafters that share them (DFlash). */
+KDT_API kdt_status kdt_model_host_embeddings(const kdt_model *m, const float **embed, const float **lm_head);
 KDT_API kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *batch,
                                      float *logits, float *hidden, void *stream);
 

@@ -52,7 +52,7 @@ typedef struct kdt_draft_feedback {
     int32_t prefill;                /* 1 after the prefill, 0 after a step */
     const int32_t *n_new;           /* [B] tokens appended to the history (prefill: the first token) */
     const int32_t *accept_len;      /* [B] draft tokens accepted (0 at the prefill) */
-    const float *hidden;            /* [R, hidden_size] */
+    const float *hidden;            /* [R, hidden_size] ([R, n_hidden_layers * hidden_size] when set) */
     const int32_t *row_start;       /* [B] host: request b's rows start here */
     const int32_t *n_rows;          /* [B] host */
     const int32_t *accept_index;    /* [B, Q] host: kept tree rows, root first; NULL at the prefill */
@@ -63,6 +63,10 @@ typedef struct kdt_drafter {
     const char *name;
     void *state;
     int32_t wants_hidden;           /* 1: the loop asks the target for hidden states for observe */
+    /* With wants_hidden and n_hidden_layers > 0: the hidden states are those of the target layers
+     * hidden_layers[0 .. n - 1] (kdt_model_set_hidden_layers), hidden [R, n * hidden_size]. */
+    int32_t n_hidden_layers;
+    const int32_t *hidden_layers;   /* [n_hidden_layers], the drafter's memory */
     /* A new run: every slot starts empty. May be called again for a later run. */
     kdt_status (*begin)(void *state, const kdt_draft_setup *setup);
     /* Writes scores f32 [B, D, K] (log-probabilities, non-increasing within each (b, d); -inf
@@ -86,6 +90,17 @@ KDT_API kdt_status kdt_drafter_lookup(kdt_drafter **out);
  * (rolled back to the accepted tokens after each step): depth d's candidates are the top K of
  * its logits with log-softmax scores. `draft` stays the caller's; it must outlive the drafter. */
 KDT_API kdt_status kdt_drafter_model(kdt_model *draft, kdt_drafter **out);
+
+/* DFlash (z-lab's DFlashDraftModel checkpoint in dir; docs/spec.md): one forward of the block
+ * [root, mask x (block_size - 1)] over the target's hidden states of target_layer_ids drafts
+ * depths 1 .. D (D <= block_size - 1), each one's top K as log-softmax scores. It shares the
+ * target's embedding and LM head (target must outlive the drafter). CPU backend only so far. */
+KDT_API kdt_status kdt_drafter_dflash(kdt_model *target, const char *dir, kdt_drafter **out);
+
+/* MTP: the next-token layer of the checkpoint in dir (kdt_model_load_mtp; normally the target's
+ * own folder) run D times in a chain per step over its own cache, fed the target's final hidden
+ * states; depth d's candidates are the top K of its d-th logits (docs/spec.md). CPU backend only. */
+KDT_API kdt_status kdt_drafter_mtp(const char *dir, kdt_backend backend, kdt_drafter **out);
 
 KDT_API void kdt_drafter_free(kdt_drafter *d);   /* destroy(state), then the struct */
 

@@ -30,34 +30,34 @@ def test_help_exits_zero(args, word):
 
 
 def test_max_new_zero_prints_no_rate():
-    r = kdt("generate", "--backend", "cpu", "--prompt-ids", "1,2,3", "--prompt-ids", "4", "--max-new", "0")
+    r = kdt("generate", "--model", "builtin", "--backend", "cpu", "--prompt-ids", "1,2,3", "--prompt-ids", "4", "--max-new", "0")
     assert r.returncode == 0, r.stderr
     assert r.stdout == "\n\n"
     assert "nothing generated" in r.stderr and "tokens/s" not in r.stderr
 
 
 def test_eos_outside_vocabulary_refused():
-    r = kdt("generate", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", "2", "--eos", str(BUILTIN_VOCAB))
+    r = kdt("generate", "--model", "builtin", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", "2", "--eos", str(BUILTIN_VOCAB))
     assert r.returncode == 2 and r.stdout == ""
     assert f"--eos {BUILTIN_VOCAB} is outside the model's vocabulary (0 .. {BUILTIN_VOCAB - 1})" in r.stderr
-    r = kdt("generate", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", "2", "--eos", str(BUILTIN_VOCAB - 1))
+    r = kdt("generate", "--model", "builtin", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", "2", "--eos", str(BUILTIN_VOCAB - 1))
     assert r.returncode == 0, r.stderr
 
 
 def test_warning_past_max_position_embeddings():
-    first = kdt("generate", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", "1").stdout.split()[0]
+    first = kdt("generate", "--model", "builtin", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", "1").stdout.split()[0]
     # The request could run to 2 + 16383 tokens; the eos (its first token) ends it at once.
-    r = kdt("generate", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", str(BUILTIN_MAX_POS - 1), "--eos", first)
+    r = kdt("generate", "--model", "builtin", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", str(BUILTIN_MAX_POS - 1), "--eos", first)
     assert r.returncode == 0 and r.stdout == first + "\n", r.stderr
     assert f"reaches {BUILTIN_MAX_POS + 1} tokens (prompt + --max-new), past the model's max_position_embeddings " \
            f"{BUILTIN_MAX_POS}" in r.stderr
-    r = kdt("generate", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", str(BUILTIN_MAX_POS - 2), "--eos", first)
+    r = kdt("generate", "--model", "builtin", "--backend", "cpu", "--prompt-ids", "1,2", "--max-new", str(BUILTIN_MAX_POS - 2), "--eos", first)
     assert "max_position_embeddings" not in r.stderr
 
 
 def test_single_request_streams_ids():
     """The first id is on stdout while the process is still decoding thousands more."""
-    p = subprocess.Popen([BIN, "generate", "--backend", "cpu", "--prompt-ids", "1,2,3", "--max-new", "100000"],
+    p = subprocess.Popen([BIN, "generate", "--model", "builtin", "--backend", "cpu", "--prompt-ids", "1,2,3", "--max-new", "100000"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         ready, _, _ = select.select([p.stdout], [], [], 60)

@@ -71,3 +71,43 @@ def test_refusals_and_help():
         assert r.returncode == 1 and "draft layers = 99" in r.stderr
     h = subprocess.run([BIN, "generate", "--help"], capture_output=True, text=True, timeout=60)
     assert h.returncode == 0 and "--draft-layers" in h.stdout and "--spec" in h.stdout
+
+
+@pytest.mark.parametrize("d,k,n", [(4, 4, 16), (1, 1, 1), (3, 8, 24)])
+def test_dflash_equals_greedy(d, k, n):
+    """The random DFlash drafter of tests/fixtures/dflash on its target, tests/fixtures/model/bf16."""
+    exp = kdtr.load(os.path.join(ROOT, "tests", "fixtures", "model", "bf16", "expected.kdtr"))
+    prompt, cont = exp["prompt"], exp["continuation"]
+    r = generate("--model", os.path.join(ROOT, "tests", "fixtures", "model", "bf16"), "--prompt-ids", ",".join(map(str, prompt)),
+                 "--max-new", str(len(cont)), "--spec", "dflash", "--draft-model", os.path.join(ROOT, "tests", "fixtures", "dflash"),
+                 "--depth", str(d), "--topk", str(k), "--budget", str(n))
+    assert r.stdout == " ".join(map(str, cont)) + "\n"
+    assert "spec dflash" in r.stderr
+
+
+def test_dflash_refusals():
+    model = os.path.join(ROOT, "tests", "fixtures", "model", "bf16")
+    r = subprocess.run([BIN, "generate", "--model", model, "--prompt-ids", "1,2", "--max-new", "2", "--spec", "dflash"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--draft-model" in r.stderr
+    r = subprocess.run([BIN, "generate", "--backend", "cpu", "--model", model, "--prompt-ids", "1,2", "--max-new", "2", "--spec", "dflash",
+                        "--draft-model", os.path.join(ROOT, "tests", "fixtures", "dflash"), "--depth", "5"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "block_size" in r.stderr
+
+
+@pytest.mark.parametrize("d,k,n", [(3, 4, 16), (1, 2, 2)])
+def test_mtp_equals_greedy(d, k, n):
+    """The random MTP layer of tests/fixtures/mtp (a DeepSeek-V3 checkpoint with model.layers.3)."""
+    model = os.path.join(ROOT, "tests", "fixtures", "mtp")
+    base = ["--model", model, "--prompt-ids", "5,6,7,8,9,10", "--max-new", "16"]
+    want = generate(*base).stdout
+    r = generate(*base, "--spec", "mtp", "--depth", str(d), "--topk", str(k), "--budget", str(n))
+    assert r.stdout == want and "spec mtp" in r.stderr
+
+
+def test_mtp_refuses_a_checkpoint_without_mtp():
+    model = os.path.join(ROOT, "tests", "fixtures", "model", "bf16")
+    r = subprocess.run([BIN, "generate", "--backend", "cpu", "--model", model, "--prompt-ids", "1,2", "--max-new", "2", "--spec", "mtp"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "num_nextn_predict_layers" in r.stderr

@@ -66,7 +66,7 @@ static int fail(const char *what, kdt_status s) {
 #define USAGE                                                                                           \
     "usage: kdt generate [--model DIR] --prompt-ids 1,2,3 [--prompt-ids ...] --max-new N\n"             \
     "       kdt generate [--model DIR] --prompt TEXT | --prompt-file F [--max-new N]\n"               \
-    "                    [--backend cpu|cuda] [--eos ID] [--spec none|lookup|model]\n"                  \
+    "                    [--backend cpu|cuda] [--eos ID] [--spec none|lookup|model|dflash|mtp]\n"       \
     "                    [--depth D] [--topk K] [--budget N] [--draft-layers L] [--draft-model DIR]\n"  \
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"                       \
     "  Greedy decoding by default; the generated ids go to stdout, one line per prompt (several --prompt-ids\n"    \
@@ -82,6 +82,10 @@ static int fail(const char *what, kdt_status s) {
     "  --draft-layers L: the model drafter is the target's first L layers (needs --model; 0, the\n"    \
     "  default, is the whole target: every draft token is right, the upper bound of acceptance).\n"    \
     "  --draft-model DIR: another checkpoint with the target's vocabulary as the draft model.\n"       \
+    "  dflash: a DFlash block drafter (--draft-model DIR: z-lab's checkpoint format, read with the\n"  \
+    "  target's hidden states; D <= block_size - 1; CPU backend only so far; docs/spec.md).\n"      \
+    "  mtp: the checkpoint's next-token (MTP) layer chained D times (--draft-model DIR, default the\n" \
+    "  target's folder; CPU backend only so far).\n"                                                \
     "  --temperature T > 0 samples (0, the default, is greedy) from softmax(logits / T) after keeping\n" \
     "  the --top-k largest logits (0: off) and then the smallest set reaching probability --top-p\n"  \
     "  (1: off); speculative decoding then accepts by rejection sampling and gives the same\n"       \
@@ -133,8 +137,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
             else if (strcmp(v, "cuda") == 0) o->backend = KDT_BACKEND_CUDA;
             else return usage_error("--backend takes cpu or cuda, not", v);
         } else if (strcmp(a, "--spec") == 0) {
-            if (strcmp(v, "none") && strcmp(v, "lookup") && strcmp(v, "model"))
-                return usage_error("--spec takes none, lookup or model, not", v);
+            if (strcmp(v, "none") && strcmp(v, "lookup") && strcmp(v, "model") && strcmp(v, "dflash") && strcmp(v, "mtp"))
+                return usage_error("--spec takes none, lookup, model, dflash or mtp, not", v);
             o->spec = v;
         } else if (strcmp(a, "--depth") == 0) {
             if (parse_int(v, 1, 64, &o->depth)) return usage_error("--depth takes an integer in 1 .. 64, not", v);
@@ -174,6 +178,10 @@ static int parse_opts(int argc, char **argv, opts *o) {
     if (text && !o->model_dir) return usage_error("a text prompt needs a model folder with a tokenizer (--model DIR)", NULL);
     if (o->draft_layers && !o->model_dir) return usage_error("--draft-layers needs --model (the built-in model has no checkpoint to cut)", NULL);
     if (o->draft_layers && o->draft_dir) return usage_error("give --draft-layers or --draft-model, not both", NULL);
+    if (strcmp(o->spec, "dflash") == 0 && (!o->draft_dir || o->draft_layers))
+        return usage_error("--spec dflash needs --draft-model DIR (a DFlash checkpoint) and no --draft-layers", NULL);
+    if (strcmp(o->spec, "mtp") == 0 && (o->draft_layers || (!o->draft_dir && !o->model_dir)))
+        return usage_error("--spec mtp reads the MTP layer of --draft-model DIR or --model DIR, and takes no --draft-layers", NULL);
     return -1; /* go on */
 }
 
@@ -306,6 +314,10 @@ int kdt_cmd_generate(int argc, char **argv) {
                 o.draft_dir ? o.draft_dir : draft == m ? "the target itself" : "the target's first layers",
                 kdt_model_get_config(draft)->num_hidden_layers);
         s = kdt_drafter_model(draft, &dr);
+    } else if (strcmp(o.spec, "dflash") == 0) {
+        s = kdt_drafter_dflash(m, o.draft_dir, &dr);
+    } else if (strcmp(o.spec, "mtp") == 0) {
+        s = kdt_drafter_mtp(o.draft_dir ? o.draft_dir : o.model_dir, o.backend, &dr);
     }
     if (s != KDT_OK) { rc = fail("drafter", s); goto done; }
     printer pr = {.reqs = req, .B = B, .eos = (int32_t)o.eos, .count = calloc((size_t)B, sizeof(int32_t)),

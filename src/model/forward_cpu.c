@@ -402,6 +402,20 @@ static void moe(const kdt_model *m, const kdt_layer_w *L, int64_t R, const float
     }
 }
 
+/* An MTP model's rows: x [R, hidden] = eh_proj([enorm(x); hnorm(h)]), h [R, hidden]. */
+static kdt_status mtp_input(const kdt_model *m, const float *h, int64_t R, ws *w) {
+    const int32_t hid = m->cfg.hidden_size;
+    float *cat = malloc(2 * (size_t)hid * sizeof *cat);
+    if (!cat) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");
+    for (int64_t r = 0; r < R; r++) {
+        rms_norm(w->x + r * hid, m->mtp_enorm, hid, m->cfg.rms_norm_eps, cat);
+        rms_norm(h + r * hid, m->mtp_hnorm, hid, m->cfg.rms_norm_eps, cat + hid);
+        linear(cat, 1, 2 * hid, m->mtp_eh, hid, w->x + r * hid);
+    }
+    free(cat);
+    return KDT_OK;
+}
+
 kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *bt, const int32_t *start, const int32_t *pos,
                            float *logits, float *hidden) {
     const kdt_model_config *cf = &m->cfg;
@@ -414,6 +428,7 @@ kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *bt, cons
     if (s != KDT_OK) return s;
     rope_tables(m, pos, R, &w);
     for (int64_t r = 0; r < R; r++) memcpy(w.x + r * hid, m->embed + (int64_t)bt->tokens[r] * hid, (size_t)hid * sizeof(float));
+    if (m->mtp_eh) s = mtp_input(m, bt->mtp_hidden, R, &w);
     for (int32_t l = 0; l < cf->num_hidden_layers && s == KDT_OK; l++) {
         const kdt_layer_w *L = &m->layers[l];
         for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, L->attn_norm, hid, cf->rms_norm_eps, w.h + r * hid);
@@ -432,10 +447,14 @@ kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *bt, cons
             mlp(&L->dense, hin, R, hid, bf, &w, w.ye);
             for (int64_t i = 0; i < R * hid; i++) w.x[i] += w.ye[i];
         }
+        for (int32_t j = 0; hidden && j < m->n_hid_layers; j++) /* a layer may be asked for twice */
+            if (m->hid_layers[j] == l)
+                for (int64_t r = 0; r < R; r++)
+                    memcpy(hidden + (r * m->n_hid_layers + j) * hid, w.x + r * hid, (size_t)hid * sizeof(float));
     }
     if (s == KDT_OK) {
         for (int64_t r = 0; r < R; r++) rms_norm(w.x + r * hid, m->final_norm, hid, cf->rms_norm_eps, w.h + r * hid);
-        if (hidden) memcpy(hidden, w.h, (size_t)(R * hid) * sizeof(float));
+        if (hidden && m->n_hid_layers == 0) memcpy(hidden, w.h, (size_t)(R * hid) * sizeof(float));
         if (bf) round_bf16(w.h, R * hid);
         if (logits && bt->logits_rows == KDT_LOGITS_ALL) {
             linear(w.h, R, hid, m->lm_head, cf->vocab_size, logits);

@@ -85,6 +85,10 @@ struct kdt_model {
      * whether an expert choice that another backend made differently was a near-tie. */
     float *probe_router_margin;                /* [rows of the next forward] */
     uint32_t flags;                            /* KDT_MODEL_MOE_DEVICE, KDT_MODEL_GRAPHS, KDT_MODEL_GEMV */
+    const float *mtp_enorm, *mtp_hnorm;        /* MTP model (kdt_model_load_mtp): [hidden] each; NULL otherwise */
+    const float *mtp_eh;                       /* [hidden, 2 * hidden] */
+    int32_t n_hid_layers;                      /* kdt_model_set_hidden_layers; 0: hidden is the final norm's output */
+    int32_t hid_layers[KDT_MODEL_MAX_HIDDEN_LAYERS];
 };
 
 struct kdt_cache {

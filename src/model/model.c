@@ -445,6 +445,7 @@ kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, fl
     int64_t R = 0;
     kdt_status s = check_batch(m, c, bt, &R);
     if (s != KDT_OK) return s;
+    if (m->mtp_eh && !bt->mtp_hidden) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: an MTP model needs the batch's mtp_hidden");
     int32_t *start = malloc((size_t)bt->B * sizeof *start), *pos = malloc((size_t)R * sizeof *pos);
     if (!start || !pos) { free(start); free(pos); return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory"); }
     for (int32_t b = 0, r = 0; b < bt->B; b++) {
@@ -452,7 +453,10 @@ kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, fl
         for (int32_t i = 0; i < bt->n_rows[b]; i++, r++) pos[r] = bt->positions ? bt->positions[r] : start[b] + i;
         grow(c, bt->req[b], start[b] + bt->n_rows[b]);
     }
-    s = m->backend == KDT_BACKEND_CUDA ? kdt_forward_cuda(m, c, bt, start, pos, logits, hidden, stream)
+    if (m->backend == KDT_BACKEND_CUDA && hidden && m->n_hid_layers > 0)
+        s = kdt_fail(KDT_ERR_UNSUPPORTED, "forward: intermediate layers' hidden states are CPU-only so far");
+    else
+        s = m->backend == KDT_BACKEND_CUDA ? kdt_forward_cuda(m, c, bt, start, pos, logits, hidden, stream)
                                        : kdt_forward_cpu(m, c, bt, start, pos, logits, hidden);
     if (s != KDT_OK)
         for (int32_t b = 0; b < bt->B; b++) shrink(c, bt->req[b], start[b]);
@@ -460,4 +464,25 @@ kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, fl
     free(pos);
     kdt_status sync = cache_sync(c);
     return s != KDT_OK ? s : sync;
+}
+
+kdt_status kdt_model_set_hidden_layers(kdt_model *m, int32_t n, const int32_t *layers) {
+    if (!m || n < 0 || n > KDT_MODEL_MAX_HIDDEN_LAYERS || (n > 0 && !layers))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "set_hidden_layers: n = %d, want 0 .. %d layers", n, KDT_MODEL_MAX_HIDDEN_LAYERS);
+    for (int32_t i = 0; i < n; i++)
+        if (layers[i] < 0 || layers[i] >= m->cfg.num_hidden_layers)
+            return kdt_fail(KDT_ERR_INVALID_ARG, "set_hidden_layers: layer %d is outside 0 .. %d", layers[i],
+                            m->cfg.num_hidden_layers - 1);
+    for (int32_t i = 0; i < n; i++) m->hid_layers[i] = layers[i];
+    m->n_hid_layers = n;
+    return KDT_OK;
+}
+
+kdt_status kdt_model_host_embeddings(const kdt_model *m, const float **embed, const float **lm_head) {
+    if (!m || !embed || !lm_head) return kdt_fail(KDT_ERR_INVALID_ARG, "host_embeddings: NULL argument");
+    if (m->backend != KDT_BACKEND_CPU || !m->embed || !m->lm_head)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "host_embeddings: the embedding and LM head are host memory on the CPU backend only");
+    *embed = m->embed;
+    *lm_head = m->lm_head;
+    return KDT_OK;
 }

@@ -23,6 +23,7 @@ typedef struct loader {
     const kdt_st *st;
     const char *dir;
     const kdt_ckpt_format *fmt;
+    int32_t layer_off;           /* model layer l is the checkpoint's model.layers.(l + layer_off) (MTP: N) */
 } loader;
 
 static const char *const FLOATS[] = {"F32", "BF16", "F16", NULL};
@@ -205,7 +206,7 @@ static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
     char n[256];
     kdt_status s;
     const kdt_st_tensor *t;
-    snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l + ld->layer_off);
     char full[320];
     snprintf(full, sizeof full, "%s%s", ld->fmt->prefix, n);
     if (kdt_st_find(ld->st, full)) {
@@ -214,7 +215,7 @@ static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
             convert(t, (uint64_t)(e * 2 * I * hid), (uint64_t)(I * hid), gate + e * I * hid);
             convert(t, (uint64_t)((e * 2 + 1) * I * hid), (uint64_t)(I * hid), up + e * I * hid);
         }
-        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l + ld->layer_off);
         if ((s = find(ld, n, D3(E, hid, I), &t))) return s;
         convert(t, 0, t->numel, down);
         return KDT_OK;
@@ -222,7 +223,7 @@ static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int64_t e = 0; e < E; e++)
         for (int k = 0; k < 3; k++) {
-            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l, (long long)e, proj[k]);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l + ld->layer_off, (long long)e, proj[k]);
             float *dst = (k == 0 ? gate : k == 1 ? up : down) + e * I * hid;
             if ((s = k < 2 ? linear_into(ld, n, I, hid, dst) : linear_into(ld, n, hid, I, dst))) {
                 if (s == KDT_ERR_NOT_FOUND && e == 0 && k == 0) {
@@ -243,7 +244,7 @@ static kdt_status load_layer(const loader *ld, int32_t l) {
     const int32_t hid = c->hidden_size, H = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
     char n[256], p[96];
     kdt_status s;
-    snprintf(p, sizeof p, "model.layers.%d", l);
+    snprintf(p, sizeof p, "model.layers.%d", l + ld->layer_off);
 #define NAME(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
     if ((s = load(ld, NAME("input_layernorm.weight"), D1(hid), &w->attn_norm)) ||
         (s = load(ld, NAME("post_attention_layernorm.weight"), D1(hid), &w->ffn_norm)))
@@ -324,6 +325,77 @@ kdt_status kdt_model_load_as(const char *dir, kdt_backend backend, kdt_dtype dty
         s = load_layer(&ld, l);
         if (s == KDT_OK) s = offload(m, l, from);
     }
+    if (s == KDT_OK) s = kdt_model_finish(m);
+    kdt_st_close(st);
+    kdt_ckpt_format_free(&fmt);
+    if (s != KDT_OK) { kdt_model_free(m); return s; }
+    *out = m;
+    return KDT_OK;
+}
+
+/* The MTP layer's own pieces, and its embedding and head with the model's as fallbacks. */
+static kdt_status load_mtp_top(const loader *ld, int32_t N) {
+    kdt_model *m = ld->m;
+    const int64_t V = m->cfg.vocab_size, hid = m->cfg.hidden_size;
+    char n[128], full[320];
+    kdt_status s;
+#define MTP(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, N), n)
+#define HAS(name) (snprintf(full, sizeof full, "%s%s", ld->fmt->prefix, name), kdt_st_find(ld->st, full) != NULL)
+    if ((s = load(ld, MTP("enorm.weight"), D1(hid), &m->mtp_enorm)) || (s = load(ld, MTP("hnorm.weight"), D1(hid), &m->mtp_hnorm)) ||
+        (s = load(ld, MTP("eh_proj.weight"), D2(hid, 2 * hid), &m->mtp_eh)) ||
+        (s = load(ld, MTP("shared_head.norm.weight"), D1(hid), &m->final_norm)))
+        return s;
+    if ((s = load(ld, HAS(MTP("embed_tokens.weight")) ? n : "model.embed_tokens.weight", D2(V, hid), &m->embed))) return s;
+    if (HAS(MTP("shared_head.head.weight"))) return load_linear(ld, MTP("shared_head.head"), V, hid, &m->lm_head);
+    if (m->cfg.tie_word_embeddings) {
+        m->lm_head = m->embed;
+        return KDT_OK;
+    }
+    return load_linear(ld, "lm_head", V, hid, &m->lm_head);
+#undef HAS
+#undef MTP
+}
+
+kdt_status kdt_model_load_mtp(const char *dir, kdt_backend backend, kdt_model **out) {
+    if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load_mtp: out is NULL");
+    *out = NULL;
+    if (!dir) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load_mtp: dir is NULL");
+    if (backend != KDT_BACKEND_CPU) return kdt_fail(KDT_ERR_UNSUPPORTED, "model_load_mtp: %s: CPU backend only so far", dir);
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: path too long", dir);
+    char *text;
+    size_t len;
+    kdt_status s = kdt_read_text(path, &text, &len);
+    if (s != KDT_OK) return s;
+    kdt_model_config cfg;
+    kdt_ckpt_format fmt = {.prefix = ""};
+    s = kdt_model_config_parse(text, len, path, &cfg);
+    int32_t nextn = 0;
+    if (s == KDT_OK) {
+        cJSON *root = cJSON_ParseWithLength(text, len);
+        s = root ? kdt_ckpt_format_parse(root, path, &fmt) : kdt_fail(KDT_ERR_NOMEM, "%s: out of memory", path);
+        const cJSON *tc = root ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : NULL;
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(tc) ? tc : root, "num_nextn_predict_layers");
+        if (cJSON_IsNumber(v)) nextn = (int32_t)v->valuedouble;
+        cJSON_Delete(root);
+    }
+    free(text);
+    if (s == KDT_OK && nextn < 1)
+        s = kdt_fail(KDT_ERR_NOT_FOUND, "%s: field 'num_nextn_predict_layers' is missing or 0: the checkpoint has no MTP layer", path);
+    if (s != KDT_OK) { kdt_ckpt_format_free(&fmt); return s; }
+    /* One layer, MoE or dense as layer N is in the full model. */
+    const int32_t N = cfg.num_hidden_layers, moe = kdt_layer_is_moe(&cfg, N);
+    cfg.num_hidden_layers = 1;
+    cfg.first_k_dense_replace = moe ? 0 : 1;
+    cfg.moe_layer_freq = 1;
+    kdt_model *m;
+    if ((s = kdt_model_alloc(&m, &cfg, backend, KDT_F32)) != KDT_OK) { kdt_ckpt_format_free(&fmt); return s; }
+    kdt_st *st = NULL;
+    s = kdt_st_open_dir(dir, &st);
+    const loader ld = {.m = m, .st = st, .dir = dir, .fmt = &fmt, .layer_off = N};
+    if (s == KDT_OK) s = load_mtp_top(&ld, N);
+    if (s == KDT_OK) s = load_layer(&ld, 0);
     if (s == KDT_OK) s = kdt_model_finish(m);
     kdt_st_close(st);
     kdt_ckpt_format_free(&fmt);

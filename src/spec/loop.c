@@ -69,6 +69,7 @@ struct kdt_spec_session {
      * temperature f32, top_k i32, top_p f32 [Ba] each; one: the root-only trees of plain decoding,
      * node_token, node_parent, num_nodes, accept_len, status, accept_index, accept_tokens [Ba] each. */
     int sampling;
+    int hidden_layers;          /* the model was asked for the drafter's target layers (undone at free) */
     void *samp, *h_samp;
     int32_t *one, *h_one;
 };
@@ -562,15 +563,18 @@ kdt_status kdt_spec_session_create(kdt_model *m, kdt_drafter *dr, const kdt_spec
     loop *L = calloc(1, sizeof *L);
     if (!L) return kdt_fail(KDT_ERR_NOMEM, "spec_session_create: out of memory");
     const kdt_model_config *cf = kdt_model_get_config(m);
+    /* A drafter that reads several target layers gets them side by side: [R, n_layers * hidden]. */
+    const int32_t n_layers = dr && dr->wants_hidden ? dr->n_hidden_layers : 0;
     *L = (loop){.m = m, .dr = dr, .p = *p, .be = kdt_model_backend(m), .stream = stream, .B = max_slots, .max_len = max_len,
                 .D = dr ? p->depth : 1, .K = dr ? p->topk : 1, .N = dr ? p->budget : 1, .V = cf->vocab_size,
-                .hid = cf->hidden_size};
+                .hid = cf->hidden_size * (n_layers > 0 ? n_layers : 1), .hidden_layers = n_layers > 0};
     L->st = &L->stats;
     L->Q = L->N + 1;
     kdt_status s = loop_alloc(L, num_blocks);
+    if (s == KDT_OK && n_layers > 0) s = kdt_model_set_hidden_layers(m, n_layers, dr->hidden_layers);
     if (s == KDT_OK && dr) {
         const kdt_draft_setup set = {.slots = max_slots, .max_len = max_len, .D = L->D, .K = L->K, .vocab_size = L->V,
-                                     .hidden_size = L->hid, .backend = L->be, .stream = stream};
+                                     .hidden_size = cf->hidden_size, .backend = L->be, .stream = stream};
         s = dr->begin(dr->state, &set);
     }
     if (s != KDT_OK) {
@@ -583,6 +587,7 @@ kdt_status kdt_spec_session_create(kdt_model *m, kdt_drafter *dr, const kdt_spec
 
 void kdt_spec_session_free(kdt_spec_session *L) {
     if (!L) return;
+    if (L->hidden_layers) kdt_model_set_hidden_layers(L->m, 0, NULL);
     loop_free(L);
     free(L);
 }

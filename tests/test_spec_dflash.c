@@ -1,0 +1,264 @@
+/* The DFlash drafter (src/spec/dflash.c) on the tiny DeepseekV3 target tests/fixtures/model/bf16
+ * with the random drafter tests/fixtures/dflash (python/make_dflash_fixture.py):
+ *  - the target's intermediate hidden states (kdt_model_set_hidden_layers) against transformers';
+ *  - the drafter's top-K log-probabilities, all K = vocab of them, against python/dflash_ref.py;
+ *  - the loader's refusals (missing field, missing tensor, depth past the block, another target);
+ *  - speculative decoding with it equals plain greedy decoding for several (D, K, N), batch 3,
+ *    and every proposal inside the loop equals a fresh drafter's over a fresh target forward of
+ *    the request's history (the context the loop fed back, tree rows and all, is the right one).
+ * CPU only: the drafter has no CUDA path yet. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kdt/kdtr.h"
+#include "kdt/spec.h"
+
+static char target_dir[1024], draft_dir[1024];
+
+static float max_abs_diff(const float *a, const float *b, int64_t n) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
+    return m;
+}
+
+/* Target forward over tokens [n] in a fresh cache with the drafter's layers: hidden [n, nT * hid]. */
+static kdt_status target_features(kdt_model *m, const kdt_drafter *dr, const int32_t *tokens, int32_t n, float *hidden) {
+    kdt_cache *c = NULL;
+    kdt_status s = kdt_cache_create(m, 1, n + 1, 0, &c);
+    if (s == KDT_OK) s = kdt_model_set_hidden_layers(m, dr->n_hidden_layers, dr->hidden_layers);
+    const int32_t req = 0;
+    const kdt_batch bt = {.B = 1, .req = &req, .n_rows = &n, .tokens = tokens, .logits_rows = KDT_LOGITS_LAST};
+    if (s == KDT_OK) s = kdt_model_forward(m, c, &bt, NULL, hidden, NULL);
+    kdt_cache_free(c);
+    return s;
+}
+
+/* A fresh drafter's proposal for one history: D x K scores and tokens. */
+static kdt_status fresh_propose(kdt_model *m, const int32_t *hist, int32_t len, int32_t D, int32_t K, float *scores, int32_t *tokens) {
+    const kdt_model_config *cf = kdt_model_get_config(m);
+    kdt_drafter *dr = NULL;
+    kdt_status s = kdt_drafter_dflash(m, draft_dir, &dr);
+    float *hid = s == KDT_OK ? malloc((size_t)len * dr->n_hidden_layers * cf->hidden_size * sizeof(float)) : NULL;
+    if (s == KDT_OK && !hid) s = KDT_ERR_NOMEM;
+    if (s == KDT_OK) s = target_features(m, dr, hist, len - 1, hid);
+    const kdt_draft_setup set = {.slots = 1, .max_len = len + 1, .D = D, .K = K, .vocab_size = cf->vocab_size,
+                                 .hidden_size = cf->hidden_size, .backend = KDT_BACKEND_CPU};
+    const int32_t slot = 0, n_new = 1, zero = 0, rows = len - 1;
+    const int32_t *hp = hist;
+    const kdt_draft_ctx ctx = {.B = 1, .slot = &slot, .history = &hp, .hist_len = &len};
+    const kdt_draft_feedback fb = {.prefill = 1, .n_new = &n_new, .accept_len = &zero, .hidden = hid, .row_start = &zero, .n_rows = &rows};
+    if (s == KDT_OK) s = dr->begin(dr->state, &set);
+    if (s == KDT_OK) s = dr->observe(dr->state, &ctx, &fb);
+    if (s == KDT_OK) s = dr->propose(dr->state, &ctx, scores, tokens);
+    free(hid);
+    kdt_drafter_free(dr);
+    return s;
+}
+
+static void check_reference(kdt_model *m) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/expected.kdtr", draft_dir);
+    kdt_kdtr *exp = NULL;
+    kdt_tensor_view prompt, root, feat, logits;
+    kdt_status s = kdt_kdtr_open_file(path, &exp);
+    if (s == KDT_OK) s = kdt_kdtr_find_typed(exp, "prompt", KDT_I32, 1, NULL, &prompt);
+    if (s == KDT_OK) s = kdt_kdtr_find_typed(exp, "root", KDT_I32, 1, NULL, &root);
+    if (s == KDT_OK) s = kdt_kdtr_find_typed(exp, "features", KDT_F32, 2, NULL, &feat);
+    if (s == KDT_OK) s = kdt_kdtr_find_typed(exp, "logits", KDT_F32, 2, NULL, &logits);
+    kdt_drafter *dr = NULL;
+    if (s == KDT_OK) s = kdt_drafter_dflash(m, draft_dir, &dr);
+    if (s != KDT_OK) {
+        kt_fail("dflash reference: %s", kdt_last_error());
+        kdt_kdtr_close(exp);
+        return;
+    }
+    const int32_t P = (int32_t)prompt.dims[0], W = (int32_t)feat.dims[1], bs = (int32_t)logits.dims[0], V = (int32_t)logits.dims[1];
+    float *hid = malloc((size_t)P * W * sizeof(float));
+    s = target_features(m, dr, prompt.data, P, hid);
+    const float fe = s == KDT_OK ? max_abs_diff(hid, feat.data, (int64_t)P * W) : INFINITY;
+    kt_check(s == KDT_OK && fe < 1e-4f, "target hidden states of layers %d, %d against transformers' hidden_states[l + 1]: max |diff| %.2e",
+             dr->hidden_layers[0], dr->hidden_layers[1], fe);
+    /* The drafter over transformers' features, every candidate (K = V) against the reference's log-softmax. */
+    int32_t *hist = malloc((size_t)(P + 1) * sizeof *hist);
+    memcpy(hist, prompt.data, (size_t)P * sizeof *hist);
+    hist[P] = ((const int32_t *)root.data)[0];
+    const int32_t D = bs - 1, len = P + 1;
+    float *sc = malloc((size_t)D * V * sizeof *sc);
+    int32_t *tk = malloc((size_t)D * V * sizeof *tk);
+    s = fresh_propose(m, hist, len, D, V, sc, tk);
+    float worst = s == KDT_OK ? 0.0f : INFINITY;
+    int order_ok = s == KDT_OK;
+    for (int32_t d = 0; s == KDT_OK && d < D; d++) {
+        const float *row = (const float *)logits.data + (int64_t)(d + 1) * V;
+        double mx = -INFINITY, sum = 0.0;
+        for (int32_t v = 0; v < V; v++) mx = fmax(mx, row[v]);
+        for (int32_t v = 0; v < V; v++) sum += expf(row[v] - (float)mx);
+        const double lse = mx + log(sum);
+        for (int32_t k = 0; k < V; k++) {
+            worst = fmaxf(worst, fabsf(sc[d * V + k] - (float)(row[tk[d * V + k]] - lse)));
+            if (k > 0 && sc[d * V + k] > sc[d * V + k - 1]) order_ok = 0;
+        }
+    }
+    kt_check(s == KDT_OK && worst < 2e-4f && order_ok, "dflash drafter: D = %d depths x %d candidates against the PyTorch reference: max |log p diff| %.2e%s",
+             D, V, worst, s == KDT_OK ? "" : kdt_last_error());
+    free(sc); free(tk); free(hist); free(hid);
+    kdt_drafter_free(dr);
+    kdt_kdtr_close(exp);
+}
+
+/* A copy of the drafter folder with config.json replaced by text, model.safetensors linked or not. */
+static kdt_status load_edited(kdt_model *m, const char *config, int link_weights) {
+    char dir[] = "/tmp/kdt_dflash_XXXXXX", p[1200], src[1200];
+    if (!mkdtemp(dir)) return KDT_ERR_IO;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "w");
+    if (f) { fputs(config, f); fclose(f); }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(src, sizeof src, "%s/model.safetensors", draft_dir);
+    char abs[1200];
+    if (link_weights && realpath(src, abs)) (void)!symlink(abs, p);
+    kdt_drafter *dr = NULL;
+    kdt_status s = kdt_drafter_dflash(m, dir, &dr);
+    kdt_drafter_free(dr);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    rmdir(dir);
+    return s;
+}
+
+static void check_refusals(kdt_model *m) {
+    const char *base = "\"hidden_size\": 32, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                       "\"head_dim\": 8, \"intermediate_size\": 64, \"vocab_size\": 96, \"block_size\": 5";
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg, "{%s, \"num_hidden_layers\": 2, \"dflash_config\": {\"target_layer_ids\": [0, 1]}}", base);
+    kdt_status s = load_edited(m, cfg, 1);
+    kt_check(s == KDT_ERR_NOT_FOUND && strstr(kdt_last_error(), "mask_token_id"), "loader: a config without mask_token_id is refused (%s)", kdt_last_error());
+    snprintf(cfg, sizeof cfg, "{%s, \"num_hidden_layers\": 2, \"dflash_config\": {\"mask_token_id\": 95, \"target_layer_ids\": [0, 3]}}", base);
+    s = load_edited(m, cfg, 1);
+    kt_check(s == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "target_layer_ids[1]"), "loader: a target layer past the target's is refused (%s)", kdt_last_error());
+    snprintf(cfg, sizeof cfg, "{%s, \"num_hidden_layers\": 3, \"dflash_config\": {\"mask_token_id\": 95, \"target_layer_ids\": [0, 1]}}", base);
+    s = load_edited(m, cfg, 1);
+    kt_check(s == KDT_ERR_NOT_FOUND && strstr(kdt_last_error(), "layers.2."), "loader: a missing tensor is named (%s)", kdt_last_error());
+    snprintf(cfg, sizeof cfg, "{%s, \"num_hidden_layers\": 2, \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"dflash_config\": {\"mask_token_id\": 95, \"target_layer_ids\": [0, 1]}}", base);
+    s = load_edited(m, cfg, 1);
+    kt_check(s == KDT_ERR_UNSUPPORTED, "loader: sliding-window layers are refused (%s)", kdt_last_error());
+    snprintf(cfg, sizeof cfg, "{%s, \"num_hidden_layers\": 2, \"dflash_config\": {\"mask_token_id\": 95, \"target_layer_ids\": [0, 1]}}", base);
+    s = load_edited(m, cfg, 0);
+    kt_check(s != KDT_OK, "loader: a folder without weights is refused (%s)", kdt_last_error());
+    kdt_model *other = NULL;
+    kdt_drafter *dr = NULL;
+    s = kdt_model_builtin(1, KDT_BACKEND_CPU, &other);
+    if (s == KDT_OK) s = kdt_drafter_dflash(other, draft_dir, &dr);
+    kt_check(s == KDT_ERR_INVALID_ARG, "loader: a target of another hidden size / vocabulary is refused (%s)", kdt_last_error());
+    kdt_drafter_free(dr);
+    kdt_model_free(other);
+}
+
+/* Wraps the drafter under test: every proposal is also computed fresh and compared. */
+typedef struct checker {
+    kdt_drafter *inner;
+    kdt_model *m;
+    int32_t D, K;
+    int64_t compared, bad;
+    float worst;
+} checker;
+
+static kdt_status chk_begin(void *st, const kdt_draft_setup *set) {
+    checker *c = st;
+    c->D = set->D;
+    c->K = set->K;
+    return c->inner->begin(c->inner->state, set);
+}
+
+static kdt_status chk_propose(void *st, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens) {
+    checker *c = st;
+    kdt_status s = c->inner->propose(c->inner->state, ctx, scores, tokens);
+    const int32_t n = c->D * c->K;
+    float *fs = malloc((size_t)n * sizeof *fs);
+    int32_t *ft = malloc((size_t)n * sizeof *ft);
+    for (int32_t b = 0; s == KDT_OK && b < ctx->B; b++) {
+        s = fresh_propose(c->m, ctx->history[b], ctx->hist_len[b], c->D, c->K, fs, ft);
+        /* fresh_propose switched the target's hidden layers to the same list: nothing to restore. */
+        if (s != KDT_OK) break;
+        const float e = max_abs_diff(fs, scores + (int64_t)b * n, n);
+        c->worst = fmaxf(c->worst, e);
+        c->bad += e > 1e-4f || memcmp(ft, tokens + (int64_t)b * n, (size_t)n * sizeof *ft) != 0;
+        c->compared++;
+    }
+    free(fs);
+    free(ft);
+    return s;
+}
+
+static kdt_status chk_observe(void *st, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb) {
+    checker *c = st;
+    return c->inner->observe(c->inner->state, ctx, fb);
+}
+
+static void check_lossless(kdt_model *m) {
+    const int32_t cases[][3] = {{1, 1, 1}, {4, 4, 16}, {4, 8, 32}, {2, 3, 5}, {3, 64, 64}, {4, 2, 4}};
+    const int32_t B = 3, plen[3] = {1, 7, 15}, max_new = 24;
+    int32_t prompts[3][16], ref[3][24], out[3][24];
+    for (int32_t b = 0; b < B; b++)
+        for (int32_t i = 0; i < plen[b]; i++) prompts[b][i] = 2 + (b * 31 + i * 17) % 90;
+    kdt_spec_request reqs[3];
+    kdt_spec_params p = {.depth = 1, .topk = 1, .budget = 1, .eos = -1};
+    for (int32_t b = 0; b < B; b++) reqs[b] = (kdt_spec_request){.prompt = prompts[b], .prompt_len = plen[b], .max_new = max_new, .out = ref[b]};
+    kdt_status s = kdt_spec_generate(m, NULL, &p, B, reqs, NULL, NULL);
+    if (!kt_check(s == KDT_OK, "plain greedy reference: %s", s == KDT_OK ? "ok" : kdt_last_error())) return;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        checker c = {.m = m};
+        kdt_drafter wrap = {.name = "dflash-checked", .state = &c, .wants_hidden = 1, .begin = chk_begin, .propose = chk_propose,
+                            .observe = chk_observe};
+        s = kdt_drafter_dflash(m, draft_dir, &c.inner);
+        if (s == KDT_OK) {
+            wrap.n_hidden_layers = c.inner->n_hidden_layers;
+            wrap.hidden_layers = c.inner->hidden_layers;
+        }
+        p = (kdt_spec_params){.depth = cases[i][0], .topk = cases[i][1], .budget = cases[i][2], .eos = -1};
+        for (int32_t b = 0; b < B; b++) reqs[b] = (kdt_spec_request){.prompt = prompts[b], .prompt_len = plen[b], .max_new = max_new, .out = out[b]};
+        kdt_spec_stats st;
+        if (s == KDT_OK) s = kdt_spec_generate(m, &wrap, &p, B, reqs, &st, NULL);
+        int same = s == KDT_OK;
+        for (int32_t b = 0; same && b < B; b++) same = reqs[b].n_out == max_new && memcmp(out[b], ref[b], sizeof out[b]) == 0;
+        kt_check(same && c.bad == 0 && c.compared > 0,
+                 "dflash D=%d K=%d N=%d: speculative output equals greedy (%lld steps, %lld accepted); %lld proposals equal a fresh "
+                 "drafter's over the history (max |diff| %.1e, %lld differ)%s%s",
+                 cases[i][0], cases[i][1], cases[i][2], s == KDT_OK ? (long long)st.steps : -1LL, s == KDT_OK ? (long long)st.accepted : -1LL,
+                 (long long)c.compared, c.worst, (long long)c.bad, s == KDT_OK ? "" : ": ", s == KDT_OK ? "" : kdt_last_error());
+        kdt_drafter_free(c.inner);
+    }
+    /* Depth past the block is refused at begin. */
+    kdt_drafter *dr = NULL;
+    p = (kdt_spec_params){.depth = 5, .topk = 2, .budget = 4, .eos = -1};
+    for (int32_t b = 0; b < B; b++) reqs[b] = (kdt_spec_request){.prompt = prompts[b], .prompt_len = plen[b], .max_new = 4, .out = out[b]};
+    s = kdt_drafter_dflash(m, draft_dir, &dr);
+    if (s == KDT_OK) s = kdt_spec_generate(m, dr, &p, B, reqs, NULL, NULL);
+    kt_check(s == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "block_size"), "dflash: depth 5 past block_size - 1 = 4 is refused (%s)", kdt_last_error());
+    kdt_drafter_free(dr);
+}
+
+int main(void) {
+    const char *fx = getenv("KDT_MODEL_FIXTURES");
+    snprintf(target_dir, sizeof target_dir, "%s/bf16", fx && *fx ? fx : "tests/fixtures/model");
+    snprintf(draft_dir, sizeof draft_dir, "%s/../dflash", fx && *fx ? fx : "tests/fixtures/model");
+    if (access(target_dir, R_OK) != 0 || access(draft_dir, R_OK) != 0) {
+        kt_skip("dflash: fixtures %s, %s not found", target_dir, draft_dir);
+        return kt_exit_code();
+    }
+    kdt_model *m = NULL;
+    if (kdt_model_load_as(target_dir, KDT_BACKEND_CPU, KDT_F32, &m) != KDT_OK) {
+        kt_fail("dflash: target %s: %s", target_dir, kdt_last_error());
+        return kt_exit_code();
+    }
+    check_reference(m);
+    check_refusals(m);
+    check_lossless(m);
+    kdt_model_free(m);
+    return kt_exit_code();
+}
