@@ -130,10 +130,10 @@ __global__ void dequant_kernel(const uint4 *__restrict__ w, const void *__restri
     else s = ((const float *)scale)[(size_t)(n / KDT_QGEMM_FP8_BLOCK) * sk + c * kVals / KDT_QGEMM_FP8_BLOCK];
     const uint4 v = w[i];
 #pragma unroll
-    for (int q = 0; q < kVals / 8; q++) slice8<kInt4>(v, q, s, f + 8 * q);
+    for (int q = 0; q < kVals / 8; q++) slice8<kInt4>(v, q, s, f + 8 * q); /* already scaled: value * s */
     __nv_bfloat162 *o = (__nv_bfloat162 *)(out + (size_t)n * K + (size_t)c * kVals);
 #pragma unroll
-    for (int j = 0; j < kVals / 2; j++) o[j] = __floats2bfloat162_rn(f[2 * j] * s, f[2 * j + 1] * s);
+    for (int j = 0; j < kVals / 2; j++) o[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
 }
 
 kdt_status check(const char *what, const void *x, const void *w, int32_t M, int32_t N, int32_t K, int32_t k_mult) {
