@@ -1,15 +1,15 @@
 /* Quantized-weight matrix products for decode and verify sizes (src/cuda/quant_gemm.h).
  *
  * Decode GEMM: each weight tile is read from DRAM and dequantized once for all (up to 32) rows of
- * x, on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulation). A block of 8 warps owns 128
- * rows of W (16 a warp, the mma's A operand) and a slice of K; x rows are the B operand, 8 per
- * mma, read from L1 (the 8 warps share them). K runs in steps of 128: per step and lane, 16-byte
+ * x, on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulation). A block of 4 warps owns 64 rows
+ * of W (16 a warp, the mma's A operand) and a slice of K; x rows are the B operand, 8 per mma,
+ * read from L1 (the 4 warps share them). K runs in steps of 128: per step and lane, 16-byte
  * loads of its own 32 fp8 values (or 32 int4 values) of rows g and g + 8, a round of steps in flight while the previous one computes.
  * Inside an mma the order of k is free as long as A and B agree, so lane t's k16 slices are its
  * own contiguous bytes, and x is read at the same k. Scales stay out of the bf16 operands (so the
  * products are exact): an FP8 block scale multiplies the f32 partial of its 128-k step, an INT4
  * group scale the partial of its 2 mmas (the quad transposes its 16-byte loads so that one mma's
- * k are all in one group). When N has few 128-row tiles, a cluster of up to 8 blocks splits K and
+ * k are all in one group). When N has few 64-row tiles, a cluster of up to 8 blocks splits K and
  * sums the partials through distributed shared memory in rank order: deterministic.
  *
  * Dequantize kernels (prefill path): one thread per 16-byte chunk of W, 16-byte stores. */
@@ -23,12 +23,14 @@ namespace cg = cooperative_groups;
 
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileN = 16 * kWarps; /* rows of W per block */
 constexpr int kStep = 128;          /* k per step: one FP8 scale block, four INT4 groups */
 constexpr int kMaxM = 32;           /* x rows per block (4 mma column tiles) */
 constexpr int kRedPitch = kTileN + 4; /* partials [m][row]: the pad spreads a quad's m over banks */
+/* A tile's rows share one FP8 block row of scales; a step is one FP8 block column. */
+static_assert(KDT_QGEMM_FP8_BLOCK % kTileN == 0 && kStep == KDT_QGEMM_FP8_BLOCK, "tile and step vs the FP8 block");
 
 __device__ __forceinline__ float bf16_bits(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
@@ -40,11 +42,10 @@ __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t v) {
     return *(const uint32_t *)&b;
 }
 
-/* Nibbles i and i + 1 of w minus 8 as a bf16x2 word: 0x4300 | n is the bf16 128 + n (n in the
- * mantissa's low bits), and one bf16x2 subtraction of 136 leaves n - 8 exactly. */
+/* Nibbles i and i + 4 of w minus 8 as a bf16x2 word: 0x4300 | n is the bf16 128 + n (n in the
+ * mantissa's low bits), so one shift, one lop3 and one bf16x2 subtraction of 136 give n - 8. */
 __device__ __forceinline__ uint32_t nib2_bf16x2(uint32_t w, int i) {
-    const uint32_t v = w >> (4 * i);
-    const uint32_t p = (v & 0xFu) | ((v << 12) & 0xF0000u) | 0x43004300u;
+    const uint32_t p = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
     const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&p, __float2bfloat162_rn(136.f));
     return *(const uint32_t *)&r;
 }
@@ -73,10 +74,10 @@ __device__ __forceinline__ void quad_transpose(uint4 &v, int t) {
 }
 
 /* x [M, K] bf16, w [N, K] (e4m3 bytes or int4 words), scale (see quant_gemm.h), y [M, N] f32.
- * Grid (ceil(N / 128), S, ceil(M / 32)), clusters of (1, S, 1): block y = rank = K slice. kMT
+ * Grid (ceil(N / 64), S, ceil(M / 32)), clusters of (1, S, 1): block y = rank = K slice. kMT
  * column tiles of 8 x rows (rows past M are read clamped and never written). */
 template <bool kInt4, int kMT>
-__global__ void __launch_bounds__(kThreads, 2) qgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
+__global__ void __launch_bounds__(kThreads, 4) qgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
                                                          const void *__restrict__ scale, float *__restrict__ y, int M, int N,
                                                          int K) {
     constexpr int kLd = kInt4 ? 1 : 2;      /* 16-byte loads per row and step */
@@ -132,12 +133,16 @@ __global__ void __launch_bounds__(kThreads, 2) qgemm_kernel(const __nv_bfloat16 
                     uint4 xv[kMT];
 #pragma unroll
                     for (int i = 0; i < kMT; i++) xv[i] = __ldg((const uint4 *)(xr[i] + kb + 32 * G + 8 * t));
+                    /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const uint32_t a0 = nib2_bf16x2(q0[G], 4 * h), a1 = nib2_bf16x2(q1[G], 4 * h);
-                        const uint32_t a2 = nib2_bf16x2(q0[G], 4 * h + 2), a3 = nib2_bf16x2(q1[G], 4 * h + 2);
+                        const uint32_t a0 = nib2_bf16x2(q0[G], 2 * h), a1 = nib2_bf16x2(q1[G], 2 * h);
+                        const uint32_t a2 = nib2_bf16x2(q0[G], 2 * h + 1), a3 = nib2_bf16x2(q1[G], 2 * h + 1);
 #pragma unroll
-                        for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, h ? xv[i].z : xv[i].x, h ? xv[i].w : xv[i].y);
+                        for (int i = 0; i < kMT; i++) {
+                            const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
+                            mma(part[i], a0, a1, a2, a3, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+                        }
                     }
 #pragma unroll
                     for (int i = 0; i < kMT; i++) {
@@ -153,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) qgemm_kernel(const __nv_bfloat16 
                 const uint32_t q1[8] = {cur[d][1][0].x, cur[d][1][0].y, cur[d][1][0].z, cur[d][1][0].w,
                                         cur[d][1][1].x, cur[d][1][1].y, cur[d][1][1].z, cur[d][1][1].w};
                 const int sk = (K + kStep - 1) / kStep;
-                const float sc = __ldg((const float *)scale + (size_t)(n0 / kStep) * sk + kb / kStep);
+                const float sc = __ldg((const float *)scale + (size_t)(n0 / KDT_QGEMM_FP8_BLOCK) * sk + kb / KDT_QGEMM_FP8_BLOCK);
                 const bool in1 = kb + 32 * t + 16 < K; /* K % 16 == 0: each 8-k half of x is all in or out */
                 float part[kMT][4] = {};
 #pragma unroll
