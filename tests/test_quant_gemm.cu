@@ -3,10 +3,10 @@
  * checked bit for bit against torch and compressed-tensors by test_quant), times random bf16 x
  * in double. GEMMs: relative L2 <= 1e-5 and every element within 1e-4 of the largest |y| (f32
  * accumulation in another order); bit-identical across two runs (no atomics: a K split sums
- * its partials in rank order). Dequantize kernels: bf16 of the exact
- * value, bit for bit. Shapes cover partial 128x128 blocks and partial last K steps (fp8 and int4),
- * partial 128-row tiles, M = 1 .. 32 in each count of 8-row mma tiles and past 32 (a second
- * block row), K split over clusters of 1 to 8 blocks, and Kimi's sizes.
+ * its partials in rank order). Dequantize kernels: bf16 of the exact value, bit for bit. Shapes
+ * cover partial 128x128 blocks and partial last 128-k steps (fp8 and int4), partial 64-row tiles,
+ * M = 1 .. 32 in each count of 8-row mma tiles and past 32 (a second block row), K split over
+ * clusters of 1 to 8 blocks (3 included), and Kimi's sizes.
  * Outputs are NaN-poisoned before each run. Without a CUDA device it prints SKIP lines. */
 #include <math.h>
 #include <stdio.h>
