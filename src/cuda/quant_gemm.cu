@@ -4,7 +4,8 @@
  * x, on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulation). A block of 4 warps owns 64 rows
  * of W (16 a warp, the mma's A operand) and a slice of K; x rows are the B operand, 8 per mma,
  * read from L1 (the 4 warps share them). K runs in steps of 128: per step and lane, 16-byte
- * loads of its own 32 fp8 values (or 32 int4 values) of rows g and g + 8, a round of steps in flight while the previous one computes.
+ * cp.async copies of its own 32 fp8 values (or 32 int4 values) of rows g and g + 8 into its own
+ * shared-memory slots, 3 (fp8) or 7 (int4) steps ahead: 6 KB in flight a warp, 96 KB an SM.
  * Inside an mma the order of k is free as long as A and B agree, so lane t's k16 slices are its
  * own contiguous bytes, and x is read at the same k. Scales stay out of the bf16 operands (so the
  * products are exact): an FP8 block scale multiplies the f32 partial of its 128-k step, an INT4
@@ -80,115 +81,114 @@ template <bool kInt4, int kMT>
 __global__ void __launch_bounds__(kThreads, 4) qgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
                                                          const void *__restrict__ scale, float *__restrict__ y, int M, int N,
                                                          int K) {
-    constexpr int kLd = kInt4 ? 1 : 2;      /* 16-byte loads per row and step */
-    constexpr int kDepth = kInt4 ? 2 : 1;   /* steps per round: one round in flight while one computes */
+    constexpr int kLd = kInt4 ? 1 : 2;          /* 16-byte loads per row and step */
     constexpr int kRowBytes = kInt4 ? 64 : 128; /* bytes of one row in one step */
+    constexpr int kStages = kInt4 ? 8 : 4;      /* 1 KB or 2 KB steps a warp: 7 or 3 in flight while 1 computes */
     __shared__ float red[kMaxM][kRedPitch];
+    __shared__ uint4 stage[kWarps][kStages][2 * kLd][32]; /* each lane's own loads, kStages - 1 steps ahead */
     cg::cluster_group cluster = cg::this_cluster();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * kTileN, m0 = blockIdx.z * kMaxM, S = gridDim.y, rank = blockIdx.y;
     const int steps = (K + kStep - 1) / kStep, s0 = rank * steps / S, s1 = (rank + 1) * steps / S;
     const size_t ldw = kInt4 ? (size_t)K / 2 : (size_t)K; /* bytes per row of W */
     const int r0 = min(n0 + warp * 16 + g, N - 1), r1 = min(n0 + warp * 16 + g + 8, N - 1);
-    const uint8_t *w0 = w + r0 * ldw, *w1 = w + r1 * ldw;
+    const uint8_t *wr[2] = {w + r0 * ldw, w + r1 * ldw};
     const __nv_bfloat16 *xr[kMT];
 #pragma unroll
     for (int i = 0; i < kMT; i++) xr[i] = x + (size_t)min(m0 + 8 * i + g, M - 1) * K;
 
     float acc[kMT][4] = {};
-    uint4 cur[kDepth][2][kLd], nxt[kDepth][2][kLd];
-    /* Lane t's bytes of a step: [32t, 32t + 32) for fp8, [16t, 16t + 16) (group t) for int4; a
-     * load past K (a partial last step) is zeros, and so is x there. */
-    auto load = [&](int s, uint4 (&v)[2][kLd]) {
+    /* Lane t's bytes of step s: [32t, 32t + 32) for fp8, [16t, 16t + 16) (group t) for int4, copied
+     * into the lane's own slots of stage s % kStages (so only the lane's wait orders them); past K
+     * (a partial last step) or past the slice they are zero-filled, and x there is zero too. */
+    auto issue = [&](int s) {
 #pragma unroll
-        for (int l = 0; l < kLd; l++) {
-            const int off = s * kRowBytes + (kInt4 ? 16 * t : 32 * t + 16 * l);
-            const bool in = s < s1 && off < (int)ldw;
-            v[0][l] = in ? __ldg((const uint4 *)(w0 + off)) : make_uint4(0, 0, 0, 0);
-            v[1][l] = in ? __ldg((const uint4 *)(w1 + off)) : make_uint4(0, 0, 0, 0);
-        }
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int l = 0; l < kLd; l++) {
+                const int off = s * kRowBytes + (kInt4 ? 16 * t : 32 * t + 16 * l);
+                const bool in = s < s1 && off < (int)ldw;
+                const unsigned dst = (unsigned)__cvta_generic_to_shared(&stage[warp][(s - s0) % kStages][r * kLd + l][lane]);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(in ? wr[r] + off : wr[r]),
+                             "r"(in ? 16 : 0) : "memory");
+            }
+        asm volatile("cp.async.commit_group;" ::: "memory");
     };
 #pragma unroll
-    for (int d = 0; d < kDepth; d++) load(s0 + d, cur[d]);
-    for (int s = s0; s < s1; s += kDepth) {
+    for (int i = 0; i < kStages - 1; i++) issue(s0 + i);
+    for (int s = s0; s < s1; s++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory"); /* step s has landed */
+        uint4 v[2][kLd];
 #pragma unroll
-        for (int d = 0; d < kDepth; d++) load(s + kDepth + d, nxt[d]);
+        for (int r = 0; r < 2; r++)
 #pragma unroll
-        for (int d = 0; d < kDepth; d++) {
-            const int kb = (s + d) * kStep;
-            if (s + d >= s1) break;
-            if constexpr (kInt4) {
-                uint4 v0 = cur[d][0][0], v1 = cur[d][1][0];
-                quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
-                quad_transpose(v1, t);
-                const uint32_t q0[4] = {v0.x, v0.y, v0.z, v0.w}, q1[4] = {v1.x, v1.y, v1.z, v1.w};
-                const int ng = K / 32;
+            for (int l = 0; l < kLd; l++) v[r][l] = stage[warp][(s - s0) % kStages][r * kLd + l][lane];
+        issue(s + kStages - 1); /* into the stage read one step ago, already in registers */
+        const int kb = s * kStep;
+        if constexpr (kInt4) {
+            uint4 v0 = v[0][0], v1 = v[1][0];
+            quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
+            quad_transpose(v1, t);
+            const uint32_t q0[4] = {v0.x, v0.y, v0.z, v0.w}, q1[4] = {v1.x, v1.y, v1.z, v1.w};
+            const int ng = K / 32;
 #pragma unroll
-                for (int G = 0; G < 4; G++) {
-                    const int grp = kb / 32 + G;
-                    if (grp >= ng) break;
-                    const float sa = bf16_bits(__ldg((const uint16_t *)scale + (size_t)r0 * ng + grp));
-                    const float sb = bf16_bits(__ldg((const uint16_t *)scale + (size_t)r1 * ng + grp));
-                    float part[kMT][4] = {};
-                    uint4 xv[kMT];
+            for (int G = 0; G < 4; G++) {
+                const int grp = kb / 32 + G;
+                if (grp >= ng) break;
+                const float sa = bf16_bits(__ldg((const uint16_t *)scale + (size_t)r0 * ng + grp));
+                const float sb = bf16_bits(__ldg((const uint16_t *)scale + (size_t)r1 * ng + grp));
+                float part[kMT][4] = {};
+                uint4 xv[kMT];
 #pragma unroll
-                    for (int i = 0; i < kMT; i++) xv[i] = __ldg((const uint4 *)(xr[i] + kb + 32 * G + 8 * t));
-                    /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
+                for (int i = 0; i < kMT; i++) xv[i] = __ldg((const uint4 *)(xr[i] + kb + 32 * G + 8 * t));
+                /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint32_t a0 = nib2_bf16x2(q0[G], 2 * h), a1 = nib2_bf16x2(q1[G], 2 * h);
-                        const uint32_t a2 = nib2_bf16x2(q0[G], 2 * h + 1), a3 = nib2_bf16x2(q1[G], 2 * h + 1);
-#pragma unroll
-                        for (int i = 0; i < kMT; i++) {
-                            const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
-                            mma(part[i], a0, a1, a2, a3, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
-                        }
-                    }
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t a0 = nib2_bf16x2(q0[G], 2 * h), a1 = nib2_bf16x2(q1[G], 2 * h);
+                    const uint32_t a2 = nib2_bf16x2(q0[G], 2 * h + 1), a3 = nib2_bf16x2(q1[G], 2 * h + 1);
 #pragma unroll
                     for (int i = 0; i < kMT; i++) {
-                        acc[i][0] = fmaf(sa, part[i][0], acc[i][0]);
-                        acc[i][1] = fmaf(sa, part[i][1], acc[i][1]);
-                        acc[i][2] = fmaf(sb, part[i][2], acc[i][2]);
-                        acc[i][3] = fmaf(sb, part[i][3], acc[i][3]);
-                    }
-                }
-            } else {
-                const uint32_t q0[8] = {cur[d][0][0].x, cur[d][0][0].y, cur[d][0][0].z, cur[d][0][0].w,
-                                        cur[d][0][1].x, cur[d][0][1].y, cur[d][0][1].z, cur[d][0][1].w};
-                const uint32_t q1[8] = {cur[d][1][0].x, cur[d][1][0].y, cur[d][1][0].z, cur[d][1][0].w,
-                                        cur[d][1][1].x, cur[d][1][1].y, cur[d][1][1].z, cur[d][1][1].w};
-                const int sk = (K + kStep - 1) / kStep;
-                const float sc = __ldg((const float *)scale + (size_t)(n0 / KDT_QGEMM_FP8_BLOCK) * sk + kb / KDT_QGEMM_FP8_BLOCK);
-                const bool in1 = kb + 32 * t + 16 < K; /* K % 16 == 0: each 8-k half of x is all in or out */
-                float part[kMT][4] = {};
-#pragma unroll
-                for (int u = 0; u < 4; u++) { /* x k kb + 32t + 8u .. + 7: mmas j = 2u, 2u + 1 */
-                    const bool in = u < 2 ? kb + 32 * t < K : in1;
-                    uint4 xv[kMT];
-#pragma unroll
-                    for (int i = 0; i < kMT; i++) xv[i] = in ? __ldg((const uint4 *)(xr[i] + kb + 32 * t) + u) : make_uint4(0, 0, 0, 0);
-                    /* mma j: lane t's k kb + 32t + 4j .. + 3, i.e. byte word j of each row */
-#pragma unroll
-                    for (int j = 2 * u; j < 2 * u + 2; j++) {
-                        const uint32_t a0 = e4m3x2_bf16x2(q0[j]), a1 = e4m3x2_bf16x2(q1[j]);
-                        const uint32_t a2 = e4m3x2_bf16x2(q0[j] >> 16), a3 = e4m3x2_bf16x2(q1[j] >> 16);
-#pragma unroll
-                        for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, j & 1 ? xv[i].z : xv[i].x, j & 1 ? xv[i].w : xv[i].y);
+                        const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
+                        mma(part[i], a0, a1, a2, a3, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
                     }
                 }
 #pragma unroll
-                for (int i = 0; i < kMT; i++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) acc[i][c] = fmaf(sc, part[i][c], acc[i][c]);
+                for (int i = 0; i < kMT; i++) {
+                    acc[i][0] = fmaf(sa, part[i][0], acc[i][0]);
+                    acc[i][1] = fmaf(sa, part[i][1], acc[i][1]);
+                    acc[i][2] = fmaf(sb, part[i][2], acc[i][2]);
+                    acc[i][3] = fmaf(sb, part[i][3], acc[i][3]);
+                }
             }
+        } else {
+            const uint32_t q0[8] = {v[0][0].x, v[0][0].y, v[0][0].z, v[0][0].w, v[0][1].x, v[0][1].y, v[0][1].z, v[0][1].w};
+            const uint32_t q1[8] = {v[1][0].x, v[1][0].y, v[1][0].z, v[1][0].w, v[1][1].x, v[1][1].y, v[1][1].z, v[1][1].w};
+            const int sk = (K + kStep - 1) / kStep;
+            const float sc = __ldg((const float *)scale + (size_t)(n0 / KDT_QGEMM_FP8_BLOCK) * sk + kb / KDT_QGEMM_FP8_BLOCK);
+            const bool in1 = kb + 32 * t + 16 < K; /* K % 16 == 0: each 8-k half of x is all in or out */
+            float part[kMT][4] = {};
+#pragma unroll
+            for (int u = 0; u < 4; u++) { /* x k kb + 32t + 8u .. + 7: mmas j = 2u, 2u + 1 */
+                const bool in = u < 2 ? kb + 32 * t < K : in1;
+                uint4 xv[kMT];
+#pragma unroll
+                for (int i = 0; i < kMT; i++) xv[i] = in ? __ldg((const uint4 *)(xr[i] + kb + 32 * t) + u) : make_uint4(0, 0, 0, 0);
+                /* mma j: lane t's k kb + 32t + 4j .. + 3, i.e. byte word j of each row */
+#pragma unroll
+                for (int j = 2 * u; j < 2 * u + 2; j++) {
+                    const uint32_t a0 = e4m3x2_bf16x2(q0[j]), a1 = e4m3x2_bf16x2(q1[j]);
+                    const uint32_t a2 = e4m3x2_bf16x2(q0[j] >> 16), a3 = e4m3x2_bf16x2(q1[j] >> 16);
+#pragma unroll
+                    for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, j & 1 ? xv[i].z : xv[i].x, j & 1 ? xv[i].w : xv[i].y);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kMT; i++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[i][c] = fmaf(sc, part[i][c], acc[i][c]);
         }
-#pragma unroll
-        for (int d = 0; d < kDepth; d++)
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int l = 0; l < kLd; l++) cur[d][r][l] = nxt[d][r][l];
     }
+    asm volatile("cp.async.wait_all;" ::: "memory"); /* the zero-filled copies past the slice, before the block ends */
     /* c0, c1: row g, x rows 2t, 2t + 1; c2, c3: row g + 8. */
     const int row = warp * 16 + g;
 #pragma unroll
