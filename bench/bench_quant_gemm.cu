@@ -5,7 +5,8 @@
  * written bytes over time); beside it the prefill path (kdt_dequant_*_bf16 then cuBLAS bf16 GEMM,
  * f32 accumulation) and bf16 cuBLAS alone on an unquantized copy (the memory a bf16 checkpoint
  * would read). Every launch reads another copy of the weights (more than 256 MiB in all), so
- * the L2 cache never holds them.
+ * the L2 cache never holds them. Last, the dequantize kernels alone, against the same ceiling in
+ * bytes read plus bytes written.
  *
  *   build/bench/bench_quant_gemm [--out FILE.md] [--quick]
  */
@@ -60,13 +61,17 @@ void gemm_bf16(Ctx *c, const void *w, cudaStream_t st) {
                      &zero, c->y, CUDA_R_32F, c->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void run_prefill(void *p, cudaStream_t st) {
+void run_dequant(void *p, cudaStream_t st) {
     Ctx *c = (Ctx *)p;
     const int i = c->next++ % c->copies;
     const void *w = c->w + (size_t)i * c->wbytes, *s = c->s + (size_t)i * c->sbytes;
     KCK(c->int4 ? kdt_dequant_int4_bf16(w, s, c->bf, c->N, c->K, st)
                 : kdt_dequant_fp8_bf16(w, (const float *)s, c->bf, c->N, c->K, st));
-    gemm_bf16(c, c->bf, st);
+}
+
+void run_prefill(void *p, cudaStream_t st) {
+    run_dequant(p, st);
+    gemm_bf16((Ctx *)p, ((Ctx *)p)->bf, st);
 }
 
 void run_bf16(void *p, cudaStream_t st) {
@@ -133,6 +138,8 @@ int main(int argc, char **argv) {
     bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|\n");
     Ctx c = {};
     BCK(cublasCreate(&c.blas));
+    char deq[2 * sizeof kShapes / sizeof kShapes[0]][160]; /* the dequantize kernels' table, printed last */
+    int n_deq = 0;
     const int n_shapes = quick ? 2 : (int)(sizeof kShapes / sizeof kShapes[0]);
     for (int si = 0; si < n_shapes; si++) {
         const Shape &sh = kShapes[si];
@@ -153,6 +160,11 @@ int main(int argc, char **argv) {
             fill(c.w, c.wbytes * c.copies, 1);
             CK(cudaMemset(c.s, 0x3c, c.sbytes * c.copies)); /* small positive scales in f32 and bf16 alike */
             CK(cudaMemset(c.wbf, 0x3c, bf_bytes * bf_copies));
+            c.next = 0;
+            const float td = bench_time_launches(run_dequant, &c, st, 0, 24, quick ? 3 : 9);
+            const double dbytes = (double)(c.wbytes + c.sbytes + bf_bytes); /* read once, bf16 written once */
+            snprintf(deq[n_deq++], sizeof deq[0], "| %s [%d, %d] | %s | %.1f | %.0f | %.0f%% |\n", sh.name, sh.N, sh.K,
+                     f ? "int4 g32" : "fp8 128x128", td, dbytes / (td * 1e-6) / 1e9, 100 * dbytes / (td * 1e-6) / 1e9 / ceiling);
             for (int mi = 0; mi < (int)(sizeof kM / sizeof kM[0]); mi++) {
                 c.M = kM[mi];
                 CK(cudaMalloc(&c.x, (size_t)c.M * sh.K * 2));
@@ -177,6 +189,9 @@ int main(int argc, char **argv) {
             CK(cudaFree(c.wbf));
         }
     }
+    bench_emit(out, "\nThe dequantize kernels alone (prefill path): GB/s of quantized bytes read plus bf16 bytes written.\n\n");
+    bench_emit(out, "| weight [N, K] | format | dequant us | GB/s | of ceiling |\n|---|---|---:|---:|---:|\n");
+    for (int i = 0; i < n_deq; i++) bench_emit(out, "%s", deq[i]);
     BCK(cublasDestroy(c.blas));
     CK(cudaStreamDestroy(st));
     if (out) fclose(out);

@@ -2,9 +2,11 @@
  * INT4-group weights, dequantized exactly by the CPU loader's own dequantizers (src/model/quant.c,
  * checked bit for bit against torch and compressed-tensors by test_quant), times random bf16 x
  * in double. GEMMs: relative L2 <= 1e-5 and every element within 1e-4 of the largest |y| (f32
- * accumulation in another order); bit-identical across two runs (no split-K, fixed reduction
- * order). Dequantize kernels: bf16 of the exact value, bit for bit. Shapes cover partial 128x128
- * blocks, a partial last pair of output columns, M across tiles of 8 x rows, and Kimi's sizes.
+ * accumulation in another order); bit-identical across two runs (no atomics: a K split sums
+ * its partials in rank order). Dequantize kernels: bf16 of the exact value, bit for bit. Shapes
+ * cover partial 128x128 blocks and partial last 128-k steps (fp8 and int4), partial 64-row tiles,
+ * M = 1 .. 32 in each count of 8-row mma tiles and past 32 (a second block row), K split over
+ * clusters of 1 to 8 blocks (3 included), and Kimi's sizes.
  * Outputs are NaN-poisoned before each run. Without a CUDA device it prints SKIP lines. */
 #include <math.h>
 #include <stdio.h>
@@ -131,8 +133,9 @@ int main() {
         kt_skip("qgemm fp8 / int4 and their dequantize kernels: no CUDA device");
         return kt_exit_code();
     }
-    static const int shapes[][3] = {{1, 7, 208}, {3, 130, 272}, {8, 256, 512}, {13, 129, 1024}, {40, 64, 2048},
-                                    {1, 2048, 7168}, {8, 7168, 2048}, {32, 576, 7168}};
+    static const int shapes[][3] = {{1, 7, 208},     {3, 130, 272},    {8, 256, 512},    {13, 129, 1024},
+                                    {16, 200, 1056}, {24, 130, 416},   {40, 64, 2048},   {1, 2048, 7168},
+                                    {8, 7168, 2048}, {16, 576, 7168}, {32, 576, 7168}, {32, 1024, 7168}};
     for (const auto &sh : shapes) {
         run_case(false, sh[0], sh[1], sh[2]);
         if (sh[2] % 32 == 0) run_case(true, sh[0], sh[1], sh[2]);

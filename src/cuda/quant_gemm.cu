@@ -1,139 +1,249 @@
 /* Quantized-weight matrix products for decode and verify sizes (src/cuda/quant_gemm.h).
  *
- * A block of kWarps warps owns kRows output columns (rows of W) and splits K among its threads in
- * 16-byte chunks of W (16 e4m3 values, or 32 int4 values = one group, so one scale per chunk).
- * Each thread dequantizes its chunk in registers, 8 inputs at a time, and multiplies them by kMT
- * rows of x;
- * partial sums are reduced by warp shuffles and then across the block's warps in warp order, so
- * results do not depend on scheduling. Every weight byte is read from DRAM once per block; for
- * M > kMT the block re-reads its rows (kRows * K bytes, resident in L1/L2) per tile of x rows. */
+ * Decode GEMM: each weight tile is read from DRAM and dequantized once for all (up to 32) rows of
+ * x, on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulation). A block of 4 warps owns 64 rows
+ * of W (16 a warp, the mma's A operand) and a slice of K; x rows are the B operand, 8 per mma,
+ * read from L1 (the 4 warps share them). K runs in steps of 128: per step and lane, 16-byte
+ * cp.async copies of its own 32 fp8 values (or 32 int4 values) of rows g and g + 8 into its own
+ * shared-memory slots, 3 (fp8) or 7 (int4) steps ahead: 6 KB in flight a warp, 96 KB an SM.
+ * Inside an mma the order of k is free as long as A and B agree, so lane t's k16 slices are its
+ * own contiguous bytes, and x is read at the same k. Scales stay out of the bf16 operands (so the
+ * products are exact): an FP8 block scale multiplies the f32 partial of its 128-k step, an INT4
+ * group scale the partial of its 2 mmas (the quad transposes its 16-byte loads so that one mma's
+ * k are all in one group). When N has few 64-row tiles, a cluster of up to 8 blocks splits K and
+ * sums the partials through distributed shared memory in rank order: deterministic.
+ *
+ * Dequantize kernels (prefill path): one thread per 16-byte chunk of W, 16-byte stores. */
+#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include "common/cuda/cuda_common.cuh"
 #include "cuda/quant_gemm.h"
 
+namespace cg = cooperative_groups;
+
 namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 2;   /* output columns per block */
-constexpr int kMT = 8;     /* x rows per pass */
-
-/* The 8 values of a chunk's 8-input slice q, as floats times s: two e4m3 words (exact: e4m3
- * values are f16 values), or one int4 word (low nibble first, offset 8). */
-template <bool kInt4>
-__device__ __forceinline__ void slice8(const uint4 &v, int q, float s, float *out) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    if constexpr (kInt4) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) out[j] = (float)((int)((w[q] >> (4 * j)) & 15u) - 8) * s;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[2 * q + i] >> (16 * j)), __NV_E4M3);
-                const float2 f = __half22float2(__half2(h));
-                out[4 * i + 2 * j] = f.x * s;
-                out[4 * i + 2 * j + 1] = f.y * s;
-            }
-    }
-}
+constexpr int kTileN = 16 * kWarps; /* rows of W per block */
+constexpr int kStep = 128;          /* k per step: one FP8 scale block, four INT4 groups */
+constexpr int kMaxM = 32;           /* x rows per block (4 mma column tiles) */
+constexpr int kRedPitch = kTileN + 4; /* partials [m][row]: the pad spreads a quad's m over banks */
+/* A tile's rows share one FP8 block row of scales; a step is one FP8 block column. */
+static_assert(KDT_QGEMM_FP8_BLOCK % kTileN == 0 && kStep == KDT_QGEMM_FP8_BLOCK, "tile and step vs the FP8 block");
 
 __device__ __forceinline__ float bf16_bits(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
-/* x [M, K] bf16, w [N, K] (fp8 bytes or int4 words) as uint4 chunks, y [M, N] f32. */
-template <bool kInt4>
-__global__ void __launch_bounds__(kThreads) qgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint4 *__restrict__ w,
+/* Two e4m3 bytes (low first) as a bf16x2 word: exact, e4m3 values are f16 and bf16 values. */
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xFFFFu), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *(const uint32_t *)&b;
+}
+
+/* Nibbles i and i + 4 of w minus 8 as a bf16x2 word: 0x4300 | n is the bf16 128 + n (n in the
+ * mantissa's low bits), so one shift, one lop3 and one bf16x2 subtraction of 136 give n - 8. */
+__device__ __forceinline__ uint32_t nib2_bf16x2(uint32_t w, int i) {
+    const uint32_t p = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+    const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&p, __float2bfloat162_rn(136.f));
+    return *(const uint32_t *)&r;
+}
+
+/* c [16 rows, 8 cols] f32 += a [16, 16] bf16 x b [16, 8] bf16 (PTX fragment layouts). */
+__device__ __forceinline__ void mma(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* The 4 words of a quad's 16-byte loads, transposed: lane t gets word t of each lane's load. */
+__device__ __forceinline__ void quad_transpose(uint4 &v, int t) {
+    uint32_t a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int m = 1; m <= 2; m <<= 1)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (j & m) continue;
+            const bool hi = t & m;
+            const uint32_t r = __shfl_xor_sync(0xffffffffu, hi ? a[j] : a[j | m], m);
+            if (hi) a[j] = r;
+            else a[j | m] = r;
+        }
+    v = make_uint4(a[0], a[1], a[2], a[3]);
+}
+
+/* x [M, K] bf16, w [N, K] (e4m3 bytes or int4 words), scale (see quant_gemm.h), y [M, N] f32.
+ * Grid (ceil(N / 64), S, ceil(M / 32)), clusters of (1, S, 1): block y = rank = K slice. kMT
+ * column tiles of 8 x rows (rows past M are read clamped and never written). */
+template <bool kInt4, int kMT>
+__global__ void __launch_bounds__(kThreads, 4) qgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
                                                          const void *__restrict__ scale, float *__restrict__ y, int M, int N,
                                                          int K) {
-    constexpr int kVals = kInt4 ? 32 : 16; /* inputs per chunk */
-    __shared__ float red[kWarps][kRows][kMT];
-    const int n0 = blockIdx.x * kRows, t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const int chunks = K / kVals, sk = (K + KDT_QGEMM_FP8_BLOCK - 1) / KDT_QGEMM_FP8_BLOCK;
-    for (int m0 = 0; m0 < M; m0 += kMT) {
-        float acc[kRows][kMT] = {};
-        /* The next chunk's weights and scales are loaded before this one is used: two in flight. */
-        uint4 v[kRows], vn[kRows] = {};
-        float s[kRows], sn[kRows] = {};
-        auto load = [&](int c, uint4 *vv, float *ss) {
+    constexpr int kLd = kInt4 ? 1 : 2;          /* 16-byte loads per row and step */
+    constexpr int kRowBytes = kInt4 ? 64 : 128; /* bytes of one row in one step */
+    constexpr int kStages = kInt4 ? 8 : 4;      /* 1 KB or 2 KB steps a warp: 7 or 3 in flight while 1 computes */
+    __shared__ float red[kMaxM][kRedPitch];
+    __shared__ uint4 stage[kWarps][kStages][2 * kLd][32]; /* each lane's own loads, kStages - 1 steps ahead */
+    cg::cluster_group cluster = cg::this_cluster();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * kTileN, m0 = blockIdx.z * kMaxM, S = gridDim.y, rank = blockIdx.y;
+    const int steps = (K + kStep - 1) / kStep, s0 = rank * steps / S, s1 = (rank + 1) * steps / S;
+    const size_t ldw = kInt4 ? (size_t)K / 2 : (size_t)K; /* bytes per row of W */
+    const int r0 = min(n0 + warp * 16 + g, N - 1), r1 = min(n0 + warp * 16 + g + 8, N - 1);
+    const uint8_t *wr[2] = {w + r0 * ldw, w + r1 * ldw};
+    const __nv_bfloat16 *xr[kMT];
 #pragma unroll
-            for (int r = 0; r < kRows; r++) {
-                const int n = min(n0 + r, N - 1); /* a missing last row repeats one; it is not written */
-                vv[r] = __ldg(&w[(size_t)n * chunks + c]);
-                if constexpr (kInt4) ss[r] = bf16_bits(__ldg((const uint16_t *)scale + (size_t)n * chunks + c));
-                else ss[r] = __ldg((const float *)scale + (size_t)(n / KDT_QGEMM_FP8_BLOCK) * sk + c * kVals / KDT_QGEMM_FP8_BLOCK);
+    for (int i = 0; i < kMT; i++) xr[i] = x + (size_t)min(m0 + 8 * i + g, M - 1) * K;
+
+    float acc[kMT][4] = {};
+    /* Lane t's bytes of step s: [32t, 32t + 32) for fp8, [16t, 16t + 16) (group t) for int4, copied
+     * into the lane's own slots of stage s % kStages (so only the lane's wait orders them); past K
+     * (a partial last step) or past the slice they are zero-filled, and x there is zero too. */
+    auto issue = [&](int s) {
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int l = 0; l < kLd; l++) {
+                const int off = s * kRowBytes + (kInt4 ? 16 * t : 32 * t + 16 * l);
+                const bool in = s < s1 && off < (int)ldw;
+                const unsigned dst = (unsigned)__cvta_generic_to_shared(&stage[warp][(s - s0) % kStages][r * kLd + l][lane]);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(in ? wr[r] + off : wr[r]),
+                             "r"(in ? 16 : 0) : "memory");
             }
-        };
-        if (t < chunks) load(t, v, s);
-        for (int c = t; c < chunks; c += kThreads) {
-            if (c + kThreads < chunks) load(c + kThreads, vn, sn);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
 #pragma unroll
-            for (int q = 0; q < kVals / 8; q++) {
-                float wf[kRows][8];
+    for (int i = 0; i < kStages - 1; i++) issue(s0 + i);
+    for (int s = s0; s < s1; s++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory"); /* step s has landed */
+        uint4 v[2][kLd];
 #pragma unroll
-                for (int r = 0; r < kRows; r++) slice8<kInt4>(v[r], q, s[r], wf[r]);
+        for (int r = 0; r < 2; r++)
 #pragma unroll
-                for (int mm = 0; mm < kMT; mm++) {
-                    if (m0 + mm >= M) break;
-                    const uint4 xv = __ldg((const uint4 *)(x + (size_t)(m0 + mm) * K + (size_t)c * kVals) + q);
-                    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+            for (int l = 0; l < kLd; l++) v[r][l] = stage[warp][(s - s0) % kStages][r * kLd + l][lane];
+        issue(s + kStages - 1); /* into the stage read one step ago, already in registers */
+        const int kb = s * kStep;
+        if constexpr (kInt4) {
+            uint4 v0 = v[0][0], v1 = v[1][0];
+            quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
+            quad_transpose(v1, t);
+            const uint32_t q0[4] = {v0.x, v0.y, v0.z, v0.w}, q1[4] = {v1.x, v1.y, v1.z, v1.w};
+            const int ng = K / 32;
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const float lo = __uint_as_float(xw[i] << 16), hi = __uint_as_float(xw[i] & 0xFFFF0000u);
+            for (int G = 0; G < 4; G++) {
+                const int grp = kb / 32 + G;
+                if (grp >= ng) break;
+                const float sa = bf16_bits(__ldg((const uint16_t *)scale + (size_t)r0 * ng + grp));
+                const float sb = bf16_bits(__ldg((const uint16_t *)scale + (size_t)r1 * ng + grp));
+                float part[kMT][4] = {};
+                uint4 xv[kMT];
 #pragma unroll
-                        for (int r = 0; r < kRows; r++)
-                            acc[r][mm] = fmaf(hi, wf[r][2 * i + 1], fmaf(lo, wf[r][2 * i], acc[r][mm]));
+                for (int i = 0; i < kMT; i++) xv[i] = __ldg((const uint4 *)(xr[i] + kb + 32 * G + 8 * t));
+                /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t a0 = nib2_bf16x2(q0[G], 2 * h), a1 = nib2_bf16x2(q1[G], 2 * h);
+                    const uint32_t a2 = nib2_bf16x2(q0[G], 2 * h + 1), a3 = nib2_bf16x2(q1[G], 2 * h + 1);
+#pragma unroll
+                    for (int i = 0; i < kMT; i++) {
+                        const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
+                        mma(part[i], a0, a1, a2, a3, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
                     }
+                }
+#pragma unroll
+                for (int i = 0; i < kMT; i++) {
+                    acc[i][0] = fmaf(sa, part[i][0], acc[i][0]);
+                    acc[i][1] = fmaf(sa, part[i][1], acc[i][1]);
+                    acc[i][2] = fmaf(sb, part[i][2], acc[i][2]);
+                    acc[i][3] = fmaf(sb, part[i][3], acc[i][3]);
+                }
+            }
+        } else {
+            const uint32_t q0[8] = {v[0][0].x, v[0][0].y, v[0][0].z, v[0][0].w, v[0][1].x, v[0][1].y, v[0][1].z, v[0][1].w};
+            const uint32_t q1[8] = {v[1][0].x, v[1][0].y, v[1][0].z, v[1][0].w, v[1][1].x, v[1][1].y, v[1][1].z, v[1][1].w};
+            const int sk = (K + kStep - 1) / kStep;
+            const float sc = __ldg((const float *)scale + (size_t)(n0 / KDT_QGEMM_FP8_BLOCK) * sk + kb / KDT_QGEMM_FP8_BLOCK);
+            const bool in1 = kb + 32 * t + 16 < K; /* K % 16 == 0: each 8-k half of x is all in or out */
+            float part[kMT][4] = {};
+#pragma unroll
+            for (int u = 0; u < 4; u++) { /* x k kb + 32t + 8u .. + 7: mmas j = 2u, 2u + 1 */
+                const bool in = u < 2 ? kb + 32 * t < K : in1;
+                uint4 xv[kMT];
+#pragma unroll
+                for (int i = 0; i < kMT; i++) xv[i] = in ? __ldg((const uint4 *)(xr[i] + kb + 32 * t) + u) : make_uint4(0, 0, 0, 0);
+                /* mma j: lane t's k kb + 32t + 4j .. + 3, i.e. byte word j of each row */
+#pragma unroll
+                for (int j = 2 * u; j < 2 * u + 2; j++) {
+                    const uint32_t a0 = e4m3x2_bf16x2(q0[j]), a1 = e4m3x2_bf16x2(q1[j]);
+                    const uint32_t a2 = e4m3x2_bf16x2(q0[j] >> 16), a3 = e4m3x2_bf16x2(q1[j] >> 16);
+#pragma unroll
+                    for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, j & 1 ? xv[i].z : xv[i].x, j & 1 ? xv[i].w : xv[i].y);
                 }
             }
 #pragma unroll
-            for (int r = 0; r < kRows; r++) {
-                v[r] = vn[r];
-                s[r] = sn[r];
-            }
+            for (int i = 0; i < kMT; i++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[i][c] = fmaf(sc, part[i][c], acc[i][c]);
         }
-#pragma unroll
-        for (int r = 0; r < kRows; r++)
-#pragma unroll
-            for (int mm = 0; mm < kMT; mm++) {
-                float v = acc[r][mm];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (lane == 0) red[warp][r][mm] = v;
-            }
-        __syncthreads();
-        if (t < kRows * kMT) {
-            const int r = t / kMT, mm = t % kMT;
-            if (n0 + r < N && m0 + mm < M) {
-                float v = 0;
-#pragma unroll
-                for (int i = 0; i < kWarps; i++) v += red[i][r][mm];
-                y[(size_t)(m0 + mm) * N + n0 + r] = v;
-            }
-        }
-        __syncthreads();
     }
+    asm volatile("cp.async.wait_all;" ::: "memory"); /* the zero-filled copies past the slice, before the block ends */
+    /* c0, c1: row g, x rows 2t, 2t + 1; c2, c3: row g + 8. */
+    const int row = warp * 16 + g;
+#pragma unroll
+    for (int i = 0; i < kMT; i++) {
+        red[8 * i + 2 * t][row] = acc[i][0];
+        red[8 * i + 2 * t + 1][row] = acc[i][1];
+        red[8 * i + 2 * t][row + 8] = acc[i][2];
+        red[8 * i + 2 * t + 1][row + 8] = acc[i][3];
+    }
+    cluster.sync();
+    /* Rank r sums its share of the tile over the cluster's ranks in order. */
+    const int mrows = min(M - m0, kMT * 8), total = mrows * kTileN;
+    const int e0 = rank * total / S, e1 = (rank + 1) * total / S;
+    for (int e = e0 + threadIdx.x; e < e1; e += kThreads) {
+        const int m = e / kTileN, c = e % kTileN;
+        float v = 0;
+        for (int q = 0; q < S; q++) v += cluster.map_shared_rank(&red[0][0], q)[m * kRedPitch + c];
+        if (n0 + c < N) y[(size_t)(m0 + m) * N + n0 + c] = v;
+    }
+    cluster.sync(); /* no block leaves while another reads its partials */
 }
 
-/* One thread per 16-byte chunk of w: out [N, K] bf16. */
+/* One thread per 16-byte chunk of w (16 e4m3 values, or 32 int4 values = one group): out [N, K]
+ * bf16 = value * scale rounded once, written as 16-byte vectors. */
 template <bool kInt4>
-__global__ void dequant_kernel(const uint4 *__restrict__ w, const void *__restrict__ scale, __nv_bfloat16 *__restrict__ out,
-                               int N, int K) {
+__global__ void dequant_kernel(const uint4 *__restrict__ w, const void *__restrict__ scale, uint4 *__restrict__ out, int N,
+                               int K) {
     constexpr int kVals = kInt4 ? 32 : 16;
-    const int chunks = K / kVals, sk = (K + KDT_QGEMM_FP8_BLOCK - 1) / KDT_QGEMM_FP8_BLOCK;
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * chunks) return;
-    const int n = (int)(i / chunks), c = (int)(i % chunks);
-    float s, f[kVals];
-    if constexpr (kInt4) s = bf16_bits(((const uint16_t *)scale)[i]);
-    else s = ((const float *)scale)[(size_t)(n / KDT_QGEMM_FP8_BLOCK) * sk + c * kVals / KDT_QGEMM_FP8_BLOCK];
-    const uint4 v = w[i];
+    const unsigned chunks = (unsigned)(K / kVals), i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (unsigned)N * chunks) return;
+    const unsigned n = i / chunks, c = i - n * chunks;
+    const uint4 v = __ldg(&w[i]);
+    const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+    float s;
+    if constexpr (kInt4) s = bf16_bits(__ldg((const uint16_t *)scale + i));
+    else s = __ldg((const float *)scale + (size_t)(n / KDT_QGEMM_FP8_BLOCK) * ((K + KDT_QGEMM_FP8_BLOCK - 1) / KDT_QGEMM_FP8_BLOCK) +
+                   c * kVals / KDT_QGEMM_FP8_BLOCK);
+    uint32_t o[kVals / 2]; /* bf16 pairs */
 #pragma unroll
-    for (int q = 0; q < kVals / 8; q++) slice8<kInt4>(v, q, s, f + 8 * q);
-    __nv_bfloat162 *o = (__nv_bfloat162 *)(out + (size_t)n * K + (size_t)c * kVals);
+    for (int j = 0; j < kVals / 2; j++) {
+        float a, b;
+        if constexpr (kInt4) {
+            a = (float)((int)((q[j / 4] >> (8 * (j % 4))) & 15u) - 8);
+            b = (float)((int)((q[j / 4] >> (8 * (j % 4) + 4)) & 15u) - 8);
+        } else {
+            const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(q[j / 2] >> (16 * (j % 2))), __NV_E4M3)));
+            a = f.x;
+            b = f.y;
+        }
+        const __nv_bfloat162 r = __floats2bfloat162_rn(a * s, b * s);
+        o[j] = *(const uint32_t *)&r;
+    }
+    uint4 *dst = out + (size_t)i * (kVals / 8);
 #pragma unroll
-    for (int j = 0; j < kVals / 2; j++) o[j] = __floats2bfloat162_rn(f[2 * j] * s, f[2 * j + 1] * s);
+    for (int j = 0; j < kVals / 8; j++) dst[j] = make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
 }
 
 kdt_status check(const char *what, const void *x, const void *w, int32_t M, int32_t N, int32_t K, int32_t k_mult) {
@@ -144,15 +254,53 @@ kdt_status check(const char *what, const void *x, const void *w, int32_t M, int3
     return KDT_OK;
 }
 
+/* Cluster size S: as many blocks as fit at once (one wave: a second, partial wave would stream its
+ * tail with few bytes in flight), at most 8 (the portable cluster) and one step of K each. */
+template <bool kInt4, int kMT>
+kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N, int32_t K, cudaStream_t st,
+                     const char *what) {
+    static int resident = 0; /* blocks per multiprocessor times multiprocessors */
+    if (!resident) {
+        int dev = 0, sms = 0, per_sm = 0;
+        KDT_CUDA_CHECK(cudaGetDevice(&dev));
+        KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemm_kernel<kInt4, kMT>, kThreads, 0));
+        resident = sms * (per_sm > 0 ? per_sm : 1);
+    }
+    const int tiles = (N + kTileN - 1) / kTileN, steps = (K + kStep - 1) / kStep;
+    const int S = max(1, min(min(8, steps), resident / tiles));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(tiles, S, (M + kMaxM - 1) / kMaxM);
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = st;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = S;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, qgemm_kernel<kInt4, kMT>, (const __nv_bfloat16 *)x, (const uint8_t *)w,
+                                             scale, y, (int)M, (int)N, (int)K);
+    if (e != cudaSuccess)
+        return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d x %d blocks in clusters of %d: %s", what, tiles, S, cfg.gridDim.z, S,
+                        cudaGetErrorString(e));
+    KDT_CUDA_CHECK_LAUNCH(what);
+    return KDT_OK;
+}
+
 template <bool kInt4>
 kdt_status launch(const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N, int32_t K, void *stream,
                   const char *what) {
     kdt_status s = check(what, x, w, M, N, K, kInt4 ? 32 : 16);
     if (s != KDT_OK || M == 0) return s;
-    qgemm_kernel<kInt4><<<(N + kRows - 1) / kRows, kThreads, 0, (cudaStream_t)stream>>>(
-        (const __nv_bfloat16 *)x, (const uint4 *)w, scale, y, M, N, K);
-    KDT_CUDA_CHECK_LAUNCH(what);
-    return KDT_OK;
+    const cudaStream_t st = (cudaStream_t)stream;
+    switch ((M < kMaxM ? M + 7 : kMaxM) / 8) { /* x tiles of 8 rows; past 32 rows, one block row per 32 */
+    case 1: return launch_mt<kInt4, 1>(x, w, scale, y, M, N, K, st, what);
+    case 2: return launch_mt<kInt4, 2>(x, w, scale, y, M, N, K, st, what);
+    case 3: return launch_mt<kInt4, 3>(x, w, scale, y, M, N, K, st, what);
+    default: return launch_mt<kInt4, 4>(x, w, scale, y, M, N, K, st, what);
+    }
 }
 
 template <bool kInt4>
@@ -160,8 +308,10 @@ kdt_status launch_dequant(const void *w, const void *scale, void *out, int32_t N
     kdt_status s = check(what, out, w, 0, N, K, kInt4 ? 32 : 16);
     if (s != KDT_OK) return s;
     const size_t n = (size_t)N * (K / (kInt4 ? 32 : 16));
-    dequant_kernel<kInt4><<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>((const uint4 *)w, scale,
-                                                                                        (__nv_bfloat16 *)out, N, K);
+    if (n >= (1ull << 32))
+        return kdt_fail(KDT_ERR_SHAPE, "%s: N %d, K %d: more than 2^32 chunks of 16 bytes", what, N, K);
+    dequant_kernel<kInt4><<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>((const uint4 *)w, scale, (uint4 *)out,
+                                                                                        N, K);
     KDT_CUDA_CHECK_LAUNCH(what);
     return KDT_OK;
 }

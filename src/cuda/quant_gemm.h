@@ -3,9 +3,10 @@
  *   FP8 blocks: w e4m3 bytes [N, K], scale f32 [ceil(N/128), ceil(K/128)] (DeepSeek-V3, Kimi K2);
  *   INT4 groups: w int32 words [N, K/8] (value k in bits 4 (k % 8) .. of word k / 8, offset by 8),
  *                scale bf16 [N, K/32] (compressed-tensors pack-quantized, Kimi K2.5 / K2.6).
- * The weights are dequantized in registers (16 bytes a lane a step) and never written out; each
- * warp owns output columns and sums over K in a fixed order (deterministic, no split-K), f32
- * accumulation. For prefill sizes, the dequantize kernels write a bf16 copy of W for cuBLAS.
+ * The weights are dequantized in registers, once for up to 32 rows of x, and multiplied on the
+ * tensor cores (bf16 operands, f32 accumulation, scales applied in f32); a K split sums its
+ * partials in a fixed order (deterministic, no atomics). Past 32 rows the weights are read once
+ * per 32: for prefill sizes, the dequantize kernels write a bf16 copy of W for cuBLAS.
  * All pointers are device memory; every launcher runs on `stream` and returns kdt_status. */
 #pragma once
 
