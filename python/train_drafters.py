@@ -1,4 +1,4 @@
-"""Trains the two hidden-state drafters of the shipped model (issue 24): a DFlash block drafter
+"""Trains the two hidden-state drafters of the shipped model: a DFlash block drafter
 (z-lab's checkpoint format, python/dflash_ref.py) and a DeepSeek-V3 MTP layer (python/mtp_ref.py),
 the target frozen, on the data the target was trained on (python/train_small_model.py: the *.py
 files of site-packages, its held-out rule, the target's own tokenizer).

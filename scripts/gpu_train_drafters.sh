@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trains the shipped model's DFlash drafter and MTP layer on the GPU machine in one call (issue 24):
+# Trains the shipped model's DFlash drafter and MTP layer on the GPU machine in one call:
 #   bash scripts/gpu_train_drafters.sh [extra train_drafters.py options]
 # Needs models/kdt-small here (carry it). BUDGET (seconds, default 280) is the training script's whole
 # run, data preparation included. Writes models/kdt-small-dflash and models/kdt-small-mtp, packs them
