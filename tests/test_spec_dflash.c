@@ -7,6 +7,7 @@
  *    and every proposal inside the loop equals a fresh drafter's over a fresh target forward of
  *    the request's history (the context the loop fed back, tree rows and all, is the right one).
  * CPU only: the drafter has no CUDA path yet. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +120,7 @@ static kdt_status load_edited(kdt_model *m, const char *config, int link_weights
     if (f) { fputs(config, f); fclose(f); }
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     snprintf(src, sizeof src, "%s/model.safetensors", draft_dir);
-    char abs[1200];
+    char abs[PATH_MAX]; /* realpath writes up to PATH_MAX bytes */
     if (link_weights && realpath(src, abs)) (void)!symlink(abs, p);
     kdt_drafter *dr = NULL;
     kdt_status s = kdt_drafter_dflash(m, dir, &dr);
