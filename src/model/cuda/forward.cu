@@ -53,7 +53,7 @@
  * per-expert GEMMs beat the device kernels on Kimi's 7168 x 2048 experts (H200, bench_model,
  * 2026-12-02: 4 rows per expert 1.64 ms against 1.46, 16 rows 3.02 against 1.83; 0.5 rows 0.89
  * against 1.14), while the small models' forwards are launch-bound at every size measured. */
-#define MOE_LARGE_EXPERT_BYTES (8ull << 20)
+#define MOE_LARGE_EXPERT_BYTES (32ull << 20)
 #define MOE_LARGE_ROWS_PER_EXPERT 2
 #define GEMV_MAX_ROWS 16
 
