@@ -20,15 +20,6 @@
 #include "bench_common.h"
 #include "kdt/ops.h"
 
-#define CK(call)                                                                                      \
-    do {                                                                                              \
-        cudaError_t e_ = (call);                                                                      \
-        if (e_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
-
 static FILE *g_out;
 static int g_iters = 20;
 

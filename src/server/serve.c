@@ -57,7 +57,7 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 static int parse_opts(int argc, char **argv, srv_options *o) {
     *o = (srv_options){.host = "127.0.0.1", .port = 8000, .spec = "none", .max_batch = 32, .max_queue = 256, .depth = 4,
                        .topk = 4, .budget = 16, .prefill_chunk = 512, .queue_timeout = 60, .drain_timeout = 10, .io_timeout = 15,
-                       .max_body = 1 << 20, .backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU};
+                       .max_body = 1 << 20, .backend = (kdt_backend)-1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -113,6 +113,7 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
         }
     }
     if (o->draft_dir && strcmp(o->spec, "model") != 0) return usage_error("--draft-model needs --spec model", NULL);
+    if ((int)o->backend < 0) o->backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU; /* starts CUDA: not for --help */
     if (o->random_config && (o->model_dir || o->backend != KDT_BACKEND_CUDA))
         return usage_error("--random-config takes the place of --model and needs --backend cuda", NULL);
     /* As kdt generate: no --model is the shipped model, --model builtin the built-in random one. */
