@@ -45,13 +45,13 @@ static float median(float *t, int n) {
     return t[n / 2];
 }
 
-/* Median kernel time in microseconds of `iters` launches of the op, each after an L2 flush. */
-static float time_op(timer *tm, const kdt_tree_sample_accept_params *p) {
+/* Median time in microseconds of `iters` runs of launch(), each after an L2 flush. */
+template <class Launch> static float time_median(timer *tm, Launch launch) {
     float *t = (float *)malloc(sizeof(float) * g_iters);
     for (int i = 0; i < g_iters; i++) {
         CK(cudaMemsetAsync(tm->flush, i & 0xFF, kFlush, 0));
         CK(cudaEventRecord(tm->e0, 0));
-        KCK(kdt_tree_sample_accept(p, KDT_BACKEND_CUDA, NULL));
+        launch();
         CK(cudaEventRecord(tm->e1, 0));
         CK(cudaEventSynchronize(tm->e1));
         CK(cudaEventElapsedTime(&t[i], tm->e0, tm->e1));
@@ -61,19 +61,12 @@ static float time_op(timer *tm, const kdt_tree_sample_accept_params *p) {
     return m;
 }
 
+static float time_op(timer *tm, const kdt_tree_sample_accept_params *p) {
+    return time_median(tm, [&] { KCK(kdt_tree_sample_accept(p, KDT_BACKEND_CUDA, NULL)); });
+}
+
 static float time_copy(timer *tm, void *dst, const void *src, size_t n) {
-    float *t = (float *)malloc(sizeof(float) * g_iters);
-    for (int i = 0; i < g_iters; i++) {
-        CK(cudaMemsetAsync(tm->flush, i & 0xFF, kFlush, 0));
-        CK(cudaEventRecord(tm->e0, 0));
-        CK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, 0));
-        CK(cudaEventRecord(tm->e1, 0));
-        CK(cudaEventSynchronize(tm->e1));
-        CK(cudaEventElapsedTime(&t[i], tm->e0, tm->e1));
-    }
-    const float m = median(t, g_iters) * 1e3f;
-    free(t);
-    return m;
+    return time_median(tm, [&] { CK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, 0)); });
 }
 
 static void run_shape(timer *tm, int B, int N, int V, uint64_t *rng) {

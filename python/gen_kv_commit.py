@@ -8,13 +8,13 @@ Status codes: 1 accept_len outside 0 .. Q-1, 2 kv_len outside Q .. MB*BS, 3 the 
 start at 0 or is not strictly increasing up to at most Q-1, 4 a block_table entry a move
 touches is outside [0, NB); the first that applies wins.
 """
-import argparse
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bundle_args  # noqa: E402
 import kdtr  # noqa: E402
 
 I32_MAX, I32_MIN = np.iinfo(np.int32).max, np.iinfo(np.int32).min
@@ -159,12 +159,7 @@ def case_long(rng):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    rng = np.random.default_rng(args.seed + 7)
-    os.makedirs(args.out, exist_ok=True)
+    out, rng = bundle_args.parse(__doc__, seed_offset=7)
     cases = {  # name: (batch, whether the bundle carries the scalar Q)
         "f32_bs64": (lambda: random_batch(rng, "f32", 64, 24, 33, 3, 6), True),
         "bf16_bs16": (lambda: random_batch(rng, "bf16", 16, 40, 17, 4, 8), False),  # 80-byte rows
@@ -180,7 +175,7 @@ def main():
     for name, (make, with_q) in cases.items():
         bt = make()
         t = bt.tensors(with_q)
-        kdtr.save(os.path.join(args.out, f"kv_commit_{name}.kdtr"), t)
+        kdtr.save(os.path.join(out, f"kv_commit_{name}.kdtr"), t)
         st, al = t["expected.status"], t["accept_len"]
         moved = sum(int(np.sum(t["accept_index"][b, 1:al[b] + 1] != np.arange(1, al[b] + 1)))
                     for b in range(len(al)) if st[b] == 0)

@@ -7,7 +7,6 @@ target_pred) and expected.<output> for accept_len, accept_index, accept_tokens, 
 Status codes (docs/interfaces.md 2.3): 1 num_nodes outside 0 .. Q-1, 2 a parent of nodes 1 .. num_nodes
 outside [0, child).
 """
-import argparse
 import heapq
 import os
 import sys
@@ -15,6 +14,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bundle_args  # noqa: E402
 import kdtr  # noqa: E402
 
 I32_MAX, I32_MIN = np.iinfo(np.int32).max, np.iinfo(np.int32).min
@@ -225,12 +225,7 @@ def case_malformed(rng):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    rng = np.random.default_rng(args.seed)
-    os.makedirs(args.out, exist_ok=True)
+    out, rng = bundle_args.parse(__doc__)
     cases = {
         "bestfirst": lambda: case_bestfirst(rng, 8, 6, 4, 32, 0.75),
         "bestfirst_n64": lambda: case_bestfirst(rng, 64, 8, 8, 64, 0.8),
@@ -249,7 +244,7 @@ def main():
         exp = accept_reference(tok, par, num, pred)
         tensors = {"node_token": tok, "node_parent": par, "num_nodes": num, "target_pred": pred}
         tensors.update({f"expected.{k}": v for k, v in exp.items()})
-        kdtr.save(os.path.join(args.out, f"tree_accept_{name}.kdtr"), tensors)
+        kdtr.save(os.path.join(out, f"tree_accept_{name}.kdtr"), tensors)
         print(f"tree_accept_{name}.kdtr  B={tok.shape[0]} Q={tok.shape[1]}  accept_len mean "
               f"{exp['accept_len'].mean():.2f} max {exp['accept_len'].max()}  malformed {(exp['status'] != 0).sum()}")
 

@@ -8,13 +8,13 @@ writes DIR/tree_sample_accept_<case>.kdtr: the inputs (node_token, node_parent, 
 target_logits, draft_probs where the case has it, temperature, top_k, top_p, seed) and
 expected.<output> for accept_len, accept_index, accept_tokens, status.
 """
-import argparse
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bundle_args  # noqa: E402
 import kdtr  # noqa: E402
 from gen_tree_accept import accept_reference, best_first_tree, random_tree  # noqa: E402
 
@@ -320,12 +320,7 @@ def case_chain_bigv(rng):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    rng = np.random.default_rng(args.seed)
-    os.makedirs(args.out, exist_ok=True)
+    out, rng = bundle_args.parse(__doc__)
     cases = {
         "det": lambda: case_det(rng, 16, 1001, 32),
         "det_star": lambda: case_det(rng, 4, 64, 48),
@@ -341,7 +336,7 @@ def main():
     for name, make in cases.items():
         ins = make()
         exp = sample_accept_reference(ins)
-        kdtr.save(os.path.join(args.out, f"tree_sample_accept_{name}.kdtr"),
+        kdtr.save(os.path.join(out, f"tree_sample_accept_{name}.kdtr"),
                   {**ins, **{f"expected.{k}": v for k, v in exp.items()}})
         B, Q, V = ins["target_logits"].shape
         print(f"tree_sample_accept_{name}.kdtr  B={B} Q={Q} V={V}  accept_len mean {exp['accept_len'].mean():.2f} "

@@ -43,6 +43,13 @@ const char *kt_data_dir(void) {
     return d && *d ? d : "build/data";
 }
 
+uint64_t kt_splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 const char *kt_basename(const char *path) {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kdt/kdtr.h"
 #include "kdt/ops.h"
@@ -16,6 +17,9 @@ void kt_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* PASS or FAIL depending on cond; returns cond. */
 int kt_check(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int kt_exit_code(void);       /* 1 if any FAIL was printed */
+
+/* splitmix64: the next number of the sequence that *state walks (the tests' seeded random data). */
+uint64_t kt_splitmix64(uint64_t *state);
 
 /* Folder of generated bundles: $KDT_TEST_DATA, else build/data. */
 const char *kt_data_dir(void);

@@ -19,12 +19,7 @@ static const kdt_dtype ALL_DTYPES[] = {KDT_F32, KDT_F64, KDT_F16, KDT_BF16, KDT_
 #define N_DTYPES (sizeof ALL_DTYPES / sizeof ALL_DTYPES[0])
 
 static uint64_t rng_state;
-static uint64_t rng(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng(void) { return kt_splitmix64(&rng_state); }
 
 /* ---------------------------------------------------------------- round trips */
 

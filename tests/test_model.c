@@ -15,6 +15,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "ckpt_edit.h"
 #include "harness.h"
 #include "kdt/model.h"
 
@@ -293,26 +294,6 @@ static int copy_file(const char *from, const char *to) {
     return ok;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) { b[n] = 0; *len = (size_t)n; }
-    return b;
-}
-
-static int spit(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    int ok = fwrite(data, 1, len, f) == len;
-    return fclose(f) == 0 && ok;
-}
-
 /* A fresh copy of fixture `src` (every file) in `dst`. */
 static int copy_dir(const char *src, const char *dst) {
     DIR *d = opendir(src);
@@ -348,23 +329,15 @@ static void rm_dir(const char *dir) {
 /* Rewrites the header of a safetensors file through edit(), keeping the data region. */
 typedef void (*header_edit)(cJSON *header);
 static int edit_header(const char *path, header_edit edit) {
+    char *b = NULL;
     size_t len;
-    char *b = slurp(path, &len);
-    if (!b || len < 8) { free(b); return 0; }
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | (unsigned char)b[i];
-    cJSON *h = cJSON_ParseWithLength(b + 8, (size_t)n);
-    if (!h) { free(b); return 0; }
+    uint64_t n;
+    cJSON *h = kt_st_header(path, &b, &len, &n);
+    if (!h) return 0;
     edit(h);
-    char *text = cJSON_PrintUnformatted(h);
+    int ok = kt_st_rewrite(path, h, b, len, n);
     cJSON_Delete(h);
-    const size_t tn = strlen(text), data = len - 8 - (size_t)n;
-    char *out = malloc(8 + tn + data);
-    for (int i = 0; i < 8; i++) out[i] = (char)((uint64_t)tn >> (8 * i));
-    memcpy(out + 8, text, tn);
-    memcpy(out + 8 + tn, b + 8 + n, data);
-    int ok = spit(path, out, 8 + tn + data);
-    free(text); free(out); free(b);
+    free(b);
     return ok;
 }
 
@@ -392,24 +365,6 @@ static void ed_dtype(cJSON *h) {
 }
 static void ed_int_dtype(cJSON *h) { cJSON_ReplaceItemInObject(cJSON_GetObjectItem(h, KV_B), "dtype", cJSON_CreateString("I32")); }
 static void ed_dup(cJSON *h) { cJSON_AddItemToObject(h, KV_B, cJSON_Duplicate(cJSON_GetObjectItem(h, KV_B), 1)); }
-
-/* Replaces `key` of config.json with the JSON text `value` (NULL: removes it). */
-static int edit_config(const char *dir, const char *key, const char *value) {
-    char path[1024];
-    size_t len;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    char *b = slurp(path, &len);
-    cJSON *c = b ? cJSON_Parse(b) : NULL;
-    free(b);
-    if (!c) return 0;
-    cJSON_DeleteItemFromObjectCaseSensitive(c, key);
-    if (value) cJSON_AddItemToObject(c, key, cJSON_Parse(value));
-    char *text = cJSON_Print(c);
-    int ok = spit(path, text, strlen(text));
-    free(text);
-    cJSON_Delete(c);
-    return ok;
-}
 
 /* Loading tmp must fail with a message holding `needle`. */
 static void expect_fail(const char *tmp, const char *what, const char *needle) {
@@ -443,27 +398,27 @@ static void check_corrupt(const char *good, const char *sharded) {
     size_t len;
     rm_dir(tmp);
     copy_dir(good, tmp);
-    char *b = slurp(st, &len);
+    char *b = kt_slurp(st, &len);
     if (!b) { kt_fail("corrupt: cannot read %s", st); return; }
     uint64_t hn = 0;
     for (int i = 7; i >= 0; i--) hn = hn << 8 | (unsigned char)b[i];
-    spit(st, b, len - 100);
+    kt_spit(st, b, len - 100);
     expect_fail(tmp, "truncated file", "truncated");
     char *bad = malloc(len);
     memcpy(bad, b, len);
     bad[0] = (char)0xFF; bad[5] = 0x7F; /* header length past the file */
-    spit(st, bad, len);
+    kt_spit(st, bad, len);
     expect_fail(tmp, "header length past the end", "header length");
     memcpy(bad, b, len);
     memcpy(bad + 8, "{\"x\" [", 6);
-    spit(st, bad, len);
+    kt_spit(st, bad, len);
     expect_fail(tmp, "header not JSON", "model.safetensors: header is not valid JSON");
     memcpy(bad, b, len);
     memset(bad + 8, ' ', (size_t)hn);
     memcpy(bad + 8, "[1, 2]", 6);
-    spit(st, bad, len);
+    kt_spit(st, bad, len);
     expect_fail(tmp, "header not an object", "header is not a JSON object");
-    spit(st, b, 5);
+    kt_spit(st, b, 5);
     expect_fail(tmp, "file shorter than 8 bytes", "truncated");
     /* Random byte flips in the header: any verdict but a crash, and a message when refused. */
     unsigned rng = 12345;
@@ -474,13 +429,13 @@ static void check_corrupt(const char *good, const char *sharded) {
             rng = rng * 1103515245u + 12345u;
             bad[8 + (rng >> 8) % hn] = (char)(rng >> 3);
         }
-        spit(st, bad, len);
+        kt_spit(st, bad, len);
         kdt_model *m = NULL;
         if (kdt_model_load(tmp, KDT_BACKEND_CPU, &m) != KDT_OK) { refused++; quiet += !kdt_last_error()[0]; }
         kdt_model_free(m);
     }
     kt_check(quiet == 0, "60 random header corruptions: no crash, %d refused, each with a message", refused);
-    spit(st, b, len);
+    kt_spit(st, b, len);
     free(b);
     free(bad);
 
@@ -497,14 +452,14 @@ static void check_corrupt(const char *good, const char *sharded) {
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         rm_dir(tmp);
-        if (!copy_dir(good, tmp) || !edit_config(tmp, cfgs[i].key, cfgs[i].value)) { kt_fail("corrupt: cannot prepare %s", cfgs[i].what); continue; }
+        if (!copy_dir(good, tmp) || !kt_edit_config(tmp, cfgs[i].key, cfgs[i].value)) { kt_fail("corrupt: cannot prepare %s", cfgs[i].what); continue; }
         expect_fail(tmp, cfgs[i].what, cfgs[i].needle);
     }
     rm_dir(tmp);
     copy_dir(good, tmp);
     char cp[300];
     snprintf(cp, sizeof cp, "%s/config.json", tmp);
-    spit(cp, "{\"hidden_size\": 32, ", 20);
+    kt_spit(cp, "{\"hidden_size\": 32, ", 20);
     expect_fail(tmp, "bad JSON", "config.json: not valid JSON");
     unlink(cp);
     expect_fail(tmp, "no config.json", "config.json: cannot open");
@@ -523,9 +478,9 @@ static void check_corrupt(const char *good, const char *sharded) {
         rm_dir(tmp);
         copy_dir(sharded, tmp);
         snprintf(cp, sizeof cp, "%s/model.safetensors.index.json", tmp);
-        char *ix = slurp(cp, &len);
+        char *ix = kt_slurp(cp, &len);
         char *at = ix ? strstr(ix, "-00001-of") : NULL;
-        if (at) { at[5] = '2'; spit(cp, ix, len); }
+        if (at) { at[5] = '2'; kt_spit(cp, ix, len); }
         free(ix);
         expect_fail(tmp, "weight map names the wrong shard", "which does not hold it");
     } else {

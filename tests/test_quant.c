@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "ckpt_edit.h"
 #include "harness.h"
 #include "kdt/model.h"
 #include "model/quant.h"
@@ -144,89 +145,36 @@ static void check_twin(const char *name) {
 
 /* ---- broken checkpoints: a copy of a fixture with one edit, which must fail naming `needle` ---- */
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) { b[n] = 0; *len = (size_t)n; }
-    return b;
-}
-
-static int spit(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    int ok = fwrite(data, 1, len, f) == len;
-    return fclose(f) == 0 && ok;
-}
-
 /* Sets field `key` of tensor `tensor` in a safetensors header to the JSON `value`; with key NULL,
  * renames the tensor to `value`. The data region stays. */
 static int edit_tensor(const char *path, const char *tensor, const char *key, const char *value) {
+    char *b = NULL;
     size_t len;
-    char *b = slurp(path, &len);
-    if (!b || len < 8) { free(b); return 0; }
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | (unsigned char)b[i];
-    cJSON *h = cJSON_ParseWithLength(b + 8, (size_t)n), *t = h ? cJSON_DetachItemFromObjectCaseSensitive(h, tensor) : NULL;
+    uint64_t n;
+    cJSON *h = kt_st_header(path, &b, &len, &n), *t = h ? cJSON_DetachItemFromObjectCaseSensitive(h, tensor) : NULL;
     if (!t) { cJSON_Delete(h); free(b); return 0; }
     if (key) cJSON_ReplaceItemInObject(t, key, cJSON_Parse(value));
     cJSON_AddItemToObject(h, key ? tensor : value, t);
-    char *text = cJSON_PrintUnformatted(h);
+    int ok = kt_st_rewrite(path, h, b, len, n);
     cJSON_Delete(h);
-    const size_t tn = strlen(text), data = len - 8 - (size_t)n;
-    char *out = malloc(8 + tn + data);
-    for (int i = 0; i < 8; i++) out[i] = (char)((uint64_t)tn >> (8 * i));
-    memcpy(out + 8, text, tn);
-    memcpy(out + 8 + tn, b + 8 + n, data);
-    int ok = spit(path, out, 8 + tn + data);
-    free(text); free(out); free(b);
+    free(b);
     return ok;
 }
 
 /* Overwrites 8 bytes at byte `at` of tensor `tensor`'s data. */
 static int poke_tensor(const char *path, const char *tensor, size_t at, int64_t value) {
+    char *b = NULL;
     size_t len;
-    char *b = slurp(path, &len);
-    if (!b || len < 8) { free(b); return 0; }
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | (unsigned char)b[i];
-    cJSON *h = cJSON_ParseWithLength(b + 8, (size_t)n);
+    uint64_t n;
+    cJSON *h = kt_st_header(path, &b, &len, &n);
+    if (!h) return 0;
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(h, tensor), "data_offsets");
     const size_t off = cJSON_IsArray(o) ? (size_t)cJSON_GetArrayItem(o, 0)->valuedouble : len;
     int ok = 8 + n + off + at + 8 <= len;
     if (ok) memcpy(b + 8 + n + off + at, &value, 8);
-    ok = ok && spit(path, b, len);
+    ok = ok && kt_spit(path, b, len);
     cJSON_Delete(h);
     free(b);
-    return ok;
-}
-
-/* Sets the config field at dotted `key` (objects only) to the JSON `value` (NULL: removes it). */
-static int edit_config(const char *dir, const char *key, const char *value) {
-    char path[1024], k[256];
-    size_t len;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    snprintf(k, sizeof k, "%s", key);
-    char *b = slurp(path, &len);
-    cJSON *c = b ? cJSON_Parse(b) : NULL, *o = c;
-    free(b);
-    char *leaf = k;
-    for (char *dot; o && (dot = strchr(leaf, '.')); leaf = dot + 1) {
-        *dot = 0;
-        o = cJSON_GetObjectItemCaseSensitive(o, leaf);
-    }
-    if (!o) { cJSON_Delete(c); return 0; }
-    cJSON_DeleteItemFromObjectCaseSensitive(o, leaf);
-    if (value) cJSON_AddItemToObject(o, leaf, cJSON_Parse(value));
-    char *text = cJSON_Print(c);
-    int ok = spit(path, text, strlen(text));
-    free(text);
-    cJSON_Delete(c);
     return ok;
 }
 
@@ -262,9 +210,9 @@ static void check_broken(void) {
     expect_fail(fresh("fp8") && edit_tensor(st, DOWN ".weight_scale_inv", "shape", "[2, 1]"), "fp8: scale shape [2, 1] for [1, 2]",
                 DOWN ".weight_scale_inv' has shape [2, 1], expected [1, 2]");
     expect_fail(fresh("fp8") && edit_tensor(st, QA ".weight_scale_inv", "dtype", "\"I32\""), "fp8: scale dtype", "expected F32");
-    expect_fail(fresh("fp8") && edit_config(tmp, "quantization_config.fmt", "\"e5m2\""), "fp8: fmt", "'fmt'");
-    expect_fail(fresh("fp8") && edit_config(tmp, "quantization_config.quant_method", "\"awq\""), "unknown method", "'quant_method'");
-    expect_fail(fresh("fp8") && edit_config(tmp, "quantization_config", NULL), "F8 weights, no quantization_config",
+    expect_fail(fresh("fp8") && kt_edit_config(tmp, "quantization_config.fmt", "\"e5m2\""), "fp8: fmt", "'fmt'");
+    expect_fail(fresh("fp8") && kt_edit_config(tmp, "quantization_config.quant_method", "\"awq\""), "unknown method", "'quant_method'");
+    expect_fail(fresh("fp8") && kt_edit_config(tmp, "quantization_config", NULL), "F8 weights, no quantization_config",
                 QA ".weight' is F8_E4M3");
     snprintf(st, sizeof st, "%s" INT4_ST, tmp);
     expect_fail(fresh("int4_k26") && edit_tensor(st, EXP ".weight_packed", "dtype", "\"F32\""), "int4: packed dtype",
@@ -274,15 +222,15 @@ static void check_broken(void) {
     expect_fail(fresh("int4_k26") && edit_tensor(st, EXP ".weight_shape", "dtype", "\"F64\""), "int4: shape dtype", EXP ".weight_shape");
     expect_fail(fresh("int4_k26") && poke_tensor(st, EXP ".weight_shape", 8, 33), "int4: weight_shape [32, 33] for [32, 64]",
                 EXP ".weight_shape' holds [32, 33], expected [32, 64]");
-    expect_fail(fresh("int4_k26") && edit_config(tmp, "text_config.quantization_config.ignore", "[\"re:.*lm_head.*\"]"),
+    expect_fail(fresh("int4_k26") && kt_edit_config(tmp, "text_config.quantization_config.ignore", "[\"re:.*lm_head.*\"]"),
                 "int4: attention not ignored, stored bf16", "self_attn.q_a_proj.weight_packed' is missing");
-    expect_fail(fresh("int4_k26") && edit_config(tmp, "text_config.quantization_config.ignore", "[\"re:(\"]"), "int4: bad pattern",
+    expect_fail(fresh("int4_k26") && kt_edit_config(tmp, "text_config.quantization_config.ignore", "[\"re:(\"]"), "int4: bad pattern",
                 "does not compile");
-    expect_fail(fresh("int4_k26") && edit_config(tmp, "text_config.quantization_config.format", "\"marlin-24\""), "int4: format",
+    expect_fail(fresh("int4_k26") && kt_edit_config(tmp, "text_config.quantization_config.format", "\"marlin-24\""), "int4: format",
                 "'format'");
-    expect_fail(fresh("int4_k26") && edit_config(tmp, "text_config.quantization_config.config_groups.group_0.weights.num_bits", "8"),
+    expect_fail(fresh("int4_k26") && kt_edit_config(tmp, "text_config.quantization_config.config_groups.group_0.weights.num_bits", "8"),
                 "int4: 8 bits", "'num_bits'");
-    expect_fail(fresh("int4_k26") && edit_config(tmp, "architectures", "[\"LlavaForConditionalGeneration\"]"), "nested: architecture",
+    expect_fail(fresh("int4_k26") && kt_edit_config(tmp, "architectures", "[\"LlavaForConditionalGeneration\"]"), "nested: architecture",
                 "'architectures'");
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);

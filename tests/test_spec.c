@@ -30,12 +30,7 @@
 
 static uint64_t rng_state;
 
-static uint64_t rnd(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return kt_splitmix64(&rng_state); }
 static int32_t rnd_below(int32_t n) { return (int32_t)(rnd() % (uint64_t)n); }
 
 static const char *fixture_root(void) {

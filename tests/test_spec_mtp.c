@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "drafter_check.h"
 #include "harness.h"
 #include "kdt/kdtr.h"
 #include "kdt/spec.h"
@@ -100,88 +101,25 @@ static kdt_status fresh_propose(kdt_model *target, const int32_t *hist, int32_t 
     float *hid = malloc((size_t)len * cf->hidden_size * sizeof(float));
     kdt_status s = hid ? kdt_drafter_mtp(mtp_dir, KDT_BACKEND_CPU, &dr) : KDT_ERR_NOMEM;
     if (s == KDT_OK) s = target_hidden(target, hist, len - 1, hid);
-    const kdt_draft_setup set = {.slots = 1, .max_len = len + 1, .D = D, .K = K, .vocab_size = cf->vocab_size,
-                                 .hidden_size = cf->hidden_size, .backend = KDT_BACKEND_CPU};
-    const int32_t slot = 0, n_new = 1, zero = 0, rows = len - 1;
-    const int32_t *hp = hist;
-    const kdt_draft_ctx ctx = {.B = 1, .slot = &slot, .history = &hp, .hist_len = &len};
-    const kdt_draft_feedback fb = {.prefill = 1, .n_new = &n_new, .accept_len = &zero, .hidden = hid, .row_start = &zero, .n_rows = &rows};
-    if (s == KDT_OK) s = dr->begin(dr->state, &set);
-    if (s == KDT_OK) s = dr->observe(dr->state, &ctx, &fb);
-    if (s == KDT_OK) s = dr->propose(dr->state, &ctx, scores, tokens);
+    if (s == KDT_OK) s = kt_draft_fresh(dr, cf, hist, len, D, K, hid, scores, tokens);
     free(hid);
     kdt_drafter_free(dr);
     return s;
 }
 
-typedef struct checker {
-    kdt_drafter *inner;
-    kdt_model *m;
-    int32_t D, K;
-    int64_t compared, bad;
-    float worst;
-} checker;
-
-static kdt_status chk_begin(void *st, const kdt_draft_setup *set) {
-    checker *c = st;
-    c->D = set->D;
-    c->K = set->K;
-    return c->inner->begin(c->inner->state, set);
-}
-
-static kdt_status chk_propose(void *st, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens) {
-    checker *c = st;
-    kdt_status s = c->inner->propose(c->inner->state, ctx, scores, tokens);
-    const int32_t n = c->D * c->K;
-    float *fs = malloc((size_t)n * sizeof *fs);
-    int32_t *ft = malloc((size_t)n * sizeof *ft);
-    for (int32_t b = 0; s == KDT_OK && b < ctx->B; b++) {
-        if ((s = fresh_propose(c->m, ctx->history[b], ctx->hist_len[b], c->D, c->K, fs, ft)) != KDT_OK) break;
-        float e = 0.0f;
-        for (int32_t i = 0; i < n; i++)
-            if (isfinite(fs[i]) || isfinite(scores[(int64_t)b * n + i])) e = fmaxf(e, fabsf(fs[i] - scores[(int64_t)b * n + i]));
-        c->worst = fmaxf(c->worst, e);
-        c->bad += e > 1e-4f || memcmp(ft, tokens + (int64_t)b * n, (size_t)n * sizeof *ft) != 0;
-        c->compared++;
-    }
-    free(fs);
-    free(ft);
-    return s;
-}
-
-static kdt_status chk_observe(void *st, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb) {
-    checker *c = st;
-    return c->inner->observe(c->inner->state, ctx, fb);
+static kdt_status make_mtp(kdt_model *m, kdt_drafter **dr) {
+    (void)m;
+    return kdt_drafter_mtp(mtp_dir, KDT_BACKEND_CPU, dr);
 }
 
 static void check_lossless(kdt_model *m) {
     const int32_t cases[][3] = {{1, 1, 1}, {1, 4, 4}, {4, 4, 16}, {3, 8, 24}, {6, 2, 8}, {2, 64, 100}};
-    const int32_t B = 3, plen[3] = {1, 6, 14}, max_new = 20;
-    int32_t prompts[3][16], ref[3][20], out[3][20];
+    const int32_t B = 3, plen[3] = {1, 6, 14};
+    int32_t prompts[3][16];
     for (int32_t b = 0; b < B; b++)
         for (int32_t i = 0; i < plen[b]; i++) prompts[b][i] = 2 + (b * 29 + i * 13) % 90;
-    kdt_spec_request reqs[3];
-    kdt_spec_params p = {.depth = 1, .topk = 1, .budget = 1, .eos = -1};
-    for (int32_t b = 0; b < B; b++) reqs[b] = (kdt_spec_request){.prompt = prompts[b], .prompt_len = plen[b], .max_new = max_new, .out = ref[b]};
-    kdt_status s = kdt_spec_generate(m, NULL, &p, B, reqs, NULL, NULL);
-    if (!kt_check(s == KDT_OK, "plain greedy reference: %s", s == KDT_OK ? "ok" : kdt_last_error())) return;
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        checker c = {.m = m};
-        kdt_drafter wrap = {.name = "mtp-checked", .state = &c, .wants_hidden = 1, .begin = chk_begin, .propose = chk_propose, .observe = chk_observe};
-        s = kdt_drafter_mtp(mtp_dir, KDT_BACKEND_CPU, &c.inner);
-        p = (kdt_spec_params){.depth = cases[i][0], .topk = cases[i][1], .budget = cases[i][2], .eos = -1};
-        for (int32_t b = 0; b < B; b++) reqs[b] = (kdt_spec_request){.prompt = prompts[b], .prompt_len = plen[b], .max_new = max_new, .out = out[b]};
-        kdt_spec_stats st;
-        if (s == KDT_OK) s = kdt_spec_generate(m, &wrap, &p, B, reqs, &st, NULL);
-        int same = s == KDT_OK;
-        for (int32_t b = 0; same && b < B; b++) same = reqs[b].n_out == max_new && memcmp(out[b], ref[b], sizeof out[b]) == 0;
-        kt_check(same && c.bad == 0 && c.compared > 0,
-                 "mtp D=%d K=%d N=%d: speculative output equals greedy (%lld steps, %lld accepted); %lld proposals equal a fresh "
-                 "drafter's over the history (max |diff| %.1e, %lld differ)%s%s",
-                 cases[i][0], cases[i][1], cases[i][2], s == KDT_OK ? (long long)st.steps : -1LL, s == KDT_OK ? (long long)st.accepted : -1LL,
-                 (long long)c.compared, c.worst, (long long)c.bad, s == KDT_OK ? "" : ": ", s == KDT_OK ? "" : kdt_last_error());
-        kdt_drafter_free(c.inner);
-    }
+    const int32_t *const pp[3] = {prompts[0], prompts[1], prompts[2]};
+    kt_check_lossless(m, "mtp", make_mtp, fresh_propose, cases, sizeof cases / sizeof *cases, B, pp, plen, 20);
 }
 
 int main(void) {

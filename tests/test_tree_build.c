@@ -73,12 +73,7 @@ static void check_bundle(const char *path, kdt_backend be) {
 /* ---- random inputs ---- */
 
 static uint64_t g_rng;
-static uint32_t rnd(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)((z ^ (z >> 31)) >> 32);
-}
+static uint32_t rnd(void) { return (uint32_t)(kt_splitmix64(&g_rng) >> 32); }
 static float uniform(void) { return (float)(rnd() >> 8) / 16777216.0f; }
 
 static int cmp_desc(const void *a, const void *b) {

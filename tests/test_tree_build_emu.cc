@@ -26,10 +26,6 @@
 
 /* ---- the CUDA subset tree_build_thr.cuh uses ---- */
 
-#define __device__
-#define __host__
-#define __forceinline__ inline
-
 struct int4 {
     int x, y, z, w;
 };
@@ -52,44 +48,12 @@ static inline float __fadd_rn(float a, float b) {
     return s;
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
-static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)((uint64_t)a * b >> 32); }
 
 constexpr int kEmuWarps = 16; /* kThrWarps, checked below */
+#include "cuda_emu.h"
 
-struct emu_block {
-    std::barrier<> *block;
-    std::barrier<> *warp[kEmuWarps];
-    uint64_t xchg[kEmuWarps][32];
-};
-static emu_block *g_blk;
-struct emu_thread_index {
-    unsigned x;
-};
-static thread_local emu_thread_index threadIdx;
-
-static inline void __syncthreads() { g_blk->block->arrive_and_wait(); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { g_blk->warp[threadIdx.x >> 5]->arrive_and_wait(); }
-
-/* Every lane posts v; returns lane src's. Two warp barriers: posts are read only after all are
- * in, and the slots are reused only after all have read. */
-static inline uint64_t exchange(uint64_t v, int src) {
-    const int w = (int)threadIdx.x >> 5;
-    g_blk->xchg[w][threadIdx.x & 31] = v;
-    g_blk->warp[w]->arrive_and_wait();
-    const uint64_t r = g_blk->xchg[w][src & 31];
-    g_blk->warp[w]->arrive_and_wait();
-    return r;
-}
-static inline unsigned __ballot_sync(unsigned, bool p) {
-    const int w = (int)threadIdx.x >> 5;
-    g_blk->xchg[w][threadIdx.x & 31] = p;
-    g_blk->warp[w]->arrive_and_wait();
-    unsigned m = 0;
-    for (int i = 0; i < 32; i++) m |= (unsigned)(g_blk->xchg[w][i] != 0) << i;
-    g_blk->warp[w]->arrive_and_wait();
-    return m;
-}
 static inline bool __any_sync(unsigned mask, bool p) { return __ballot_sync(mask, p) != 0; }
 static inline int __shfl_sync(unsigned, int v, int src) { return (int)(uint32_t)exchange((uint32_t)v, src); }
 static inline int __shfl_up_sync(unsigned, int v, int d) {
@@ -142,23 +106,13 @@ static int run_thr(request &q, int D, int K, int N) {
     const thr_smem h = thr_carve(pool.data() + 4, M); /* not 16-aligned, like the kernel's base */
     thr_init(h, 0, 1);
 
-    std::barrier<> block(32 * kEmuWarps);
-    emu_block blk;
-    blk.block = &block;
-    for (int w = 0; w < kEmuWarps; w++) blk.warp[w] = new std::barrier<>(32);
-    g_blk = &blk;
     std::vector<int> ret(32 * kEmuWarps);
-    std::vector<std::thread> th;
-    for (int t = 0; t < 32 * kEmuWarps; t++)
-        th.emplace_back([&, t] {
-            threadIdx.x = (unsigned)t;
-            int size = 0;
-            if (t >= 32) thr_mask_zero(h, N + 1, t - 32, 32 * kEmuWarps - 32); /* as the kernel */
-            const int n = ret[t] = thr_select(sc.data(), D, K, N, M, h, &size);
-            if (n >= 0) thr_write(q.p, 0, h, q.tok.data(), n, size, q.seq, q.root, t, 32 * kEmuWarps);
-        });
-    for (auto &x : th) x.join();
-    for (int w = 0; w < kEmuWarps; w++) delete blk.warp[w];
+    emu_run_block([&](int t) {
+        int size = 0;
+        if (t >= 32) thr_mask_zero(h, N + 1, t - 32, 32 * kEmuWarps - 32); /* as the kernel */
+        const int n = ret[t] = thr_select(sc.data(), D, K, N, M, h, &size);
+        if (n >= 0) thr_write(q.p, 0, h, q.tok.data(), n, size, q.seq, q.root, t, 32 * kEmuWarps);
+    });
     for (int t = 1; t < 32 * kEmuWarps; t++)
         if (ret[t] != ret[0]) return -2; /* every thread must agree */
     return ret[0];

@@ -70,14 +70,7 @@ typedef struct batch {
     uint64_t *seed;
 } batch;
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1p-53; }
+static double rng_unit(uint64_t *s) { return (double)(kt_splitmix64(s) >> 11) * 0x1p-53; }
 
 /* A fresh random batch in host memory: random trees whose children's tokens the parent's row
  * favours, mixed temperatures (0 included), top-k and top-p; draft rows when sampled. */
@@ -91,18 +84,18 @@ static void batch_make(batch *t, int32_t B, int32_t Q, int32_t V, int sampled, u
     static const float temps[] = {0.0f, 0.5f, 1.0f, 1.0f, 1.7f}, topps[] = {1.0f, 1.0f, 0.9f, 0.5f};
     static const int32_t topks[] = {0, 0, 1, 20, 1000};
     for (int32_t b = 0; b < B; b++) {
-        const int32_t n = (int32_t)(rng_next(rs) % (uint64_t)Q);
+        const int32_t n = (int32_t)(kt_splitmix64(rs) % (uint64_t)Q);
         t->num[b] = n;
-        t->temp[b] = temps[rng_next(rs) % 5], t->topp[b] = topps[rng_next(rs) % 4], t->topk[b] = topks[rng_next(rs) % 5];
-        t->seed[b] = rng_next(rs);
+        t->temp[b] = temps[kt_splitmix64(rs) % 5], t->topp[b] = topps[kt_splitmix64(rs) % 4], t->topk[b] = topks[kt_splitmix64(rs) % 5];
+        t->seed[b] = kt_splitmix64(rs);
         for (size_t i = (size_t)b * Q * V; i < (size_t)(b + 1) * Q * V; i++) {
             t->lg[i] = (float)(3.0 * (rng_unit(rs) - 0.5));
             if (t->q) t->q[i] = (float)rng_unit(rs) / (float)V * 2.0f;
         }
         for (int32_t c = 0; c < Q; c++) {
             int32_t *tok = t->tok + (size_t)b * Q, *par = t->par + (size_t)b * Q;
-            tok[c] = c <= n ? (int32_t)(rng_next(rs) % (uint64_t)(V + 2)) - 1 : -1;
-            par[c] = c == 0 || c > n ? -1 : rng_unit(rs) < 0.6 ? c - 1 : (int32_t)(rng_next(rs) % (uint64_t)c);
+            tok[c] = c <= n ? (int32_t)(kt_splitmix64(rs) % (uint64_t)(V + 2)) - 1 : -1;
+            par[c] = c == 0 || c > n ? -1 : rng_unit(rs) < 0.6 ? c - 1 : (int32_t)(kt_splitmix64(rs) % (uint64_t)c);
             if (c >= 1 && c <= n && tok[c] >= 0 && tok[c] < V) t->lg[((size_t)b * Q + par[c]) * V + tok[c]] += 6.0f;
         }
     }

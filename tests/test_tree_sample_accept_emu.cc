@@ -26,45 +26,22 @@
 
 /* ---- the CUDA subset tree_sample_accept.cuh uses ---- */
 
-#define __device__
-#define __host__
-#define __forceinline__ inline
+constexpr int kEmuThreads = 1024, kEmuWarps = kEmuThreads / 32;
+#include "cuda_emu.h"
+
 using std::max;
 using std::min;
 
-constexpr int kEmuThreads = 1024, kEmuWarps = kEmuThreads / 32;
-
-struct emu_block {
-    std::barrier<> *block;
-    std::barrier<> *warp[kEmuWarps];
-    uint64_t xchg[kEmuWarps][32];
-    std::atomic<int> orv;
-};
-static emu_block *g_blk;
-struct emu_thread_index {
-    unsigned x;
-};
-static thread_local emu_thread_index threadIdx;
-
-static inline void __syncthreads() { g_blk->block->arrive_and_wait(); }
+static std::atomic<int> g_orv; /* __syncthreads_or's vote (one block runs at a time) */
 static inline int __syncthreads_or(int v) {
     g_blk->block->arrive_and_wait(); /* the last call's readers are done */
-    if (threadIdx.x == 0) g_blk->orv.store(0);
+    if (threadIdx.x == 0) g_orv.store(0);
     g_blk->block->arrive_and_wait();
-    if (v) g_blk->orv.fetch_or(1);
+    if (v) g_orv.fetch_or(1);
     g_blk->block->arrive_and_wait();
-    return g_blk->orv.load();
+    return g_orv.load();
 }
 
-/* Every lane posts v; returns lane src's. */
-static inline uint64_t exchange(uint64_t v, int src) {
-    const int w = (int)threadIdx.x >> 5;
-    g_blk->xchg[w][threadIdx.x & 31] = v;
-    g_blk->warp[w]->arrive_and_wait();
-    const uint64_t r = g_blk->xchg[w][src & 31];
-    g_blk->warp[w]->arrive_and_wait();
-    return r;
-}
 static inline unsigned long long __shfl_xor_sync(unsigned, unsigned long long v, int m) {
     return exchange(v, (int)(threadIdx.x & 31) ^ m);
 }
@@ -81,16 +58,6 @@ static inline unsigned long long __shfl_up_sync(unsigned, unsigned long long v, 
     return lane >= d ? r : v;
 }
 static inline unsigned long long __shfl_sync(unsigned, unsigned long long v, int src) { return exchange(v, src); }
-static inline unsigned __ballot_sync(unsigned, bool p) {
-    const int w = (int)threadIdx.x >> 5;
-    g_blk->xchg[w][threadIdx.x & 31] = p;
-    g_blk->warp[w]->arrive_and_wait();
-    unsigned m = 0;
-    for (int i = 0; i < 32; i++) m |= (unsigned)(g_blk->xchg[w][i] != 0) << i;
-    g_blk->warp[w]->arrive_and_wait();
-    return m;
-}
-static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 static inline float __ldg(const float *p) { return *p; }
 static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
     return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
@@ -112,19 +79,7 @@ static_assert(tsa::kThreads == kEmuThreads, "the emulated block is the kernel's"
 static void run_block(const kdt_tree_sample_accept_params &p, int b) {
     auto s = std::make_unique<tsa::Smem>();
     memset((void *)s.get(), 0xA5, sizeof *s);
-    std::barrier<> block(kEmuThreads);
-    emu_block blk;
-    blk.block = &block;
-    for (int w = 0; w < kEmuWarps; w++) blk.warp[w] = new std::barrier<>(32);
-    g_blk = &blk;
-    std::vector<std::thread> th;
-    for (int t = 0; t < kEmuThreads; t++)
-        th.emplace_back([&, t] {
-            threadIdx.x = (unsigned)t;
-            tsa::tsa_request(p, *s, b);
-        });
-    for (auto &x : th) x.join();
-    for (int w = 0; w < kEmuWarps; w++) delete blk.warp[w];
+    emu_run_block([&](int) { tsa::tsa_request(p, *s, b); });
 }
 
 /* ---- inputs ---- */

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cli/generate_text.h"
+#include "cli/options.h"
 #include "kdt/spec.h"
 
 #define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate --model builtin` */
@@ -94,10 +95,7 @@ static int fail(const char *what, kdt_status s) {
     "  and the time per step split into draft, tree build, verify forward, accept and commit (on\n"    \
     "  CUDA the split synchronizes after each phase).\n"
 
-static int usage_error(const char *msg, const char *arg) {
-    fprintf(stderr, "kdt generate: %s%s%s\n%s", msg, arg ? " " : "", arg ? arg : "", USAGE);
-    return 2;
-}
+static int usage_error(const char *msg, const char *arg) { return kdt_cli_usage_error("generate", USAGE, msg, arg); }
 
 typedef struct opts {
     const char *model_dir, *draft_dir, *spec;
@@ -115,14 +113,9 @@ static int parse_opts(int argc, char **argv, opts *o) {
     *o = (opts){.spec = "none", .max_new = -1, .depth = 4, .topk = 4, .budget = 16, .eos = -1, .top_p = 1.0,
                 .backend = (kdt_backend)-1};
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("%s", USAGE);
-            return 0;
-        }
-        if (strncmp(a, "--", 2) != 0) return usage_error("unexpected argument", a);
-        if (i + 1 == argc) return usage_error("option needs a value:", a);
-        const char *v = argv[++i];
+        const char *a, *v;
+        const int done = kdt_cli_next_option("generate", USAGE, argc, argv, &i, &a, &v);
+        if (done >= 0) return done;
         if (strcmp(a, "--model") == 0) o->model_dir = v;
         else if (strcmp(a, "--prompt") == 0) o->prompt_text = v;
         else if (strcmp(a, "--prompt-file") == 0) o->prompt_file = v;
@@ -133,9 +126,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         } else if (strcmp(a, "--max-new") == 0) {
             if (parse_int(v, 0, 1 << 20, &o->max_new)) return usage_error("--max-new takes an integer in 0 .. 1048576, not", v);
         } else if (strcmp(a, "--backend") == 0) {
-            if (strcmp(v, "cpu") == 0) o->backend = KDT_BACKEND_CPU;
-            else if (strcmp(v, "cuda") == 0) o->backend = KDT_BACKEND_CUDA;
-            else return usage_error("--backend takes cpu or cuda, not", v);
+            if (kdt_cli_backend("generate", USAGE, v, &o->backend)) return 2;
         } else if (strcmp(a, "--spec") == 0) {
             if (strcmp(v, "none") && strcmp(v, "lookup") && strcmp(v, "model") && strcmp(v, "dflash") && strcmp(v, "mtp"))
                 return usage_error("--spec takes none, lookup, model, dflash or mtp, not", v);

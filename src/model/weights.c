@@ -288,26 +288,35 @@ static kdt_status offload(kdt_model *m, int32_t layer, size_t from) {
     return s;
 }
 
+/* Reads dir/config.json (its path into path [cap]): the model's config and the checkpoint's format,
+ * and with nextn non-NULL its num_nextn_predict_layers (left as it was when absent). */
+static kdt_status read_config(const char *dir, char *path, size_t cap, kdt_model_config *cfg, kdt_ckpt_format *fmt, int32_t *nextn) {
+    if ((size_t)snprintf(path, cap, "%s/config.json", dir) >= cap) return kdt_fail(KDT_ERR_INVALID_ARG, "%s: path too long", dir);
+    char *text;
+    size_t len;
+    kdt_status s = kdt_read_text(path, &text, &len);
+    if (s != KDT_OK) return s;
+    s = kdt_model_config_parse(text, len, path, cfg);
+    if (s == KDT_OK) { /* parsed once already: valid JSON */
+        cJSON *root = cJSON_ParseWithLength(text, len);
+        s = root ? kdt_ckpt_format_parse(root, path, fmt) : kdt_fail(KDT_ERR_NOMEM, "%s: out of memory", path);
+        const cJSON *tc = nextn && root ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : NULL;
+        const cJSON *v = nextn ? cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(tc) ? tc : root, "num_nextn_predict_layers") : NULL;
+        if (cJSON_IsNumber(v)) *nextn = (int32_t)v->valuedouble;
+        cJSON_Delete(root);
+    }
+    free(text);
+    return s;
+}
+
 kdt_status kdt_model_load_as(const char *dir, kdt_backend backend, kdt_dtype dtype, kdt_model **out) {
     if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load: out is NULL");
     *out = NULL;
     if (!dir) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load: dir is NULL");
     char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: path too long", dir);
-    char *text;
-    size_t len;
-    kdt_status s = kdt_read_text(path, &text, &len);
-    if (s != KDT_OK) return s;
     kdt_model_config cfg;
     kdt_ckpt_format fmt = {.prefix = ""};
-    s = kdt_model_config_parse(text, len, path, &cfg);
-    if (s == KDT_OK) { /* parsed once already: valid JSON */
-        cJSON *root = cJSON_ParseWithLength(text, len);
-        s = root ? kdt_ckpt_format_parse(root, path, &fmt) : kdt_fail(KDT_ERR_NOMEM, "%s: out of memory", path);
-        cJSON_Delete(root);
-    }
-    free(text);
+    kdt_status s = read_config(dir, path, sizeof path, &cfg, &fmt, NULL);
     if (s != KDT_OK) return s;
     kdt_model *m;
     if ((s = kdt_model_alloc(&m, &cfg, backend, dtype)) != KDT_OK) { kdt_ckpt_format_free(&fmt); return s; }
@@ -362,25 +371,10 @@ kdt_status kdt_model_load_mtp(const char *dir, kdt_backend backend, kdt_model **
     if (!dir) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load_mtp: dir is NULL");
     if (backend != KDT_BACKEND_CPU) return kdt_fail(KDT_ERR_UNSUPPORTED, "model_load_mtp: %s: CPU backend only so far", dir);
     char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: path too long", dir);
-    char *text;
-    size_t len;
-    kdt_status s = kdt_read_text(path, &text, &len);
-    if (s != KDT_OK) return s;
     kdt_model_config cfg;
     kdt_ckpt_format fmt = {.prefix = ""};
-    s = kdt_model_config_parse(text, len, path, &cfg);
     int32_t nextn = 0;
-    if (s == KDT_OK) {
-        cJSON *root = cJSON_ParseWithLength(text, len);
-        s = root ? kdt_ckpt_format_parse(root, path, &fmt) : kdt_fail(KDT_ERR_NOMEM, "%s: out of memory", path);
-        const cJSON *tc = root ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : NULL;
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(tc) ? tc : root, "num_nextn_predict_layers");
-        if (cJSON_IsNumber(v)) nextn = (int32_t)v->valuedouble;
-        cJSON_Delete(root);
-    }
-    free(text);
+    kdt_status s = read_config(dir, path, sizeof path, &cfg, &fmt, &nextn);
     if (s == KDT_OK && nextn < 1)
         s = kdt_fail(KDT_ERR_NOT_FOUND, "%s: field 'num_nextn_predict_layers' is missing or 0: the checkpoint has no MTP layer", path);
     if (s != KDT_OK) { kdt_ckpt_format_free(&fmt); return s; }

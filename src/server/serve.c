@@ -11,6 +11,7 @@
 #include <microhttpd.h>
 
 #include "cli/generate_text.h"
+#include "cli/options.h"
 #include "server/server.h"
 
 int kdt_cmd_serve(int argc, char **argv);
@@ -40,10 +41,7 @@ double srv_now(void) {
     "  --random-config: instead of --model, that config's model with random bf16 weights on the GPU\n"        \
     "  (load tests at real dims; served as `random`).\n"
 
-static int usage_error(const char *msg, const char *arg) {
-    fprintf(stderr, "kdt serve: %s%s%s\n%s", msg, arg ? " " : "", arg ? arg : "", USAGE);
-    return 2;
-}
+static int usage_error(const char *msg, const char *arg) { return kdt_cli_usage_error("serve", USAGE, msg, arg); }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {
     char *end;
@@ -59,14 +57,9 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
                        .topk = 4, .budget = 16, .prefill_chunk = 512, .queue_timeout = 60, .drain_timeout = 10, .io_timeout = 15,
                        .max_body = 1 << 20, .backend = (kdt_backend)-1};
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("%s", USAGE);
-            return 0;
-        }
-        if (strncmp(a, "--", 2) != 0) return usage_error("unexpected argument", a);
-        if (i + 1 == argc) return usage_error("option needs a value:", a);
-        const char *v = argv[++i];
+        const char *a, *v;
+        const int done = kdt_cli_next_option("serve", USAGE, argc, argv, &i, &a, &v);
+        if (done >= 0) return done;
         double x = 0;
         struct { const char *name; double lo, hi; } const num[] = {
             {"--port", 0, 65535}, {"--max-batch", 1, 1024}, {"--max-queue", 0, 1 << 20}, {"--ctx", 2, 1 << 24},
@@ -102,9 +95,7 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
         else if (strcmp(a, "--host") == 0) o->host = v;
         else if (strcmp(a, "--api-key") == 0) o->api_key = v;
         else if (strcmp(a, "--backend") == 0) {
-            if (strcmp(v, "cpu") == 0) o->backend = KDT_BACKEND_CPU;
-            else if (strcmp(v, "cuda") == 0) o->backend = KDT_BACKEND_CUDA;
-            else return usage_error("--backend takes cpu or cuda, not", v);
+            if (kdt_cli_backend("serve", USAGE, v, &o->backend)) return 2;
         } else if (strcmp(a, "--spec") == 0) {
             if (strcmp(v, "none") && strcmp(v, "lookup") && strcmp(v, "model")) return usage_error("--spec takes none, lookup or model, not", v);
             o->spec = v;
