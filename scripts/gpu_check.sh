@@ -15,15 +15,8 @@ summary=()
 note() { summary+=("$*"); echo "## $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
-# cJSON, PCRE2 and libmicrohttpd (kdt serve): Debian's, carried as .deb files where the machine lacks
-# them (no network there).
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-if { ! ldconfig -p | grep -q libcjson || [ ! -e /usr/include/pcre2.h ] || ! ldconfig -p | grep -q libmicrohttpd; } && [ -d .deb ]; then
-    for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
-    lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
-    MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
-    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
 DEADLINE=${DEADLINE:-560}  # seconds: the device tool stops a command at 600
 step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log

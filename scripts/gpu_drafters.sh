@@ -23,14 +23,8 @@ DEADLINE=${DEADLINE:-560}  # seconds: the device tool stops a command at 600
 WORK=$(mktemp -d)          # per-process outputs; only a few files go to $OUT (it returns at most 8)
 mkdir -p "$OUT"
 
-# cJSON: Debian's libcjson, carried as .deb files where the machine lacks it (as scripts/gpu_check.sh).
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-if ! ldconfig -p | grep -q libcjson && [ -d .deb ]; then
-    for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
-    lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
-    MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
-    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 for f in "$MODEL/config.json" "$DRAFT/config.json" "$MODEL/heldout_prompts.ids"; do
     [ -f "$f" ] || { echo "gpu_drafters: $f is missing (scripts/gpu_train_small.sh makes the models)"; exit 1; }
 done

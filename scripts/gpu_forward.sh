@@ -22,12 +22,7 @@ npass=0 nfail=0 nskip=0
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-if ! ldconfig -p | grep -q libcjson && [ -d .deb ]; then
-    for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
-    lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
-    MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
-    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
 # step NAME LIMIT CMD...: CMD under a time limit (cut to what is left before DEADLINE), logged.
 step() {

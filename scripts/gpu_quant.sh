@@ -27,12 +27,7 @@ step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LO
 }
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-if { ! ldconfig -p | grep -q libcjson || [ ! -e /usr/include/pcre2.h ]; } && [ -d .deb ]; then
-    for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
-    lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
-    MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
-    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$LOGS/info.log" 2>&1
 note "gpu: $(head -1 "$LOGS/info.log")"
 

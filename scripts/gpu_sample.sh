@@ -17,12 +17,7 @@ summary=()
 note() { summary+=("$*"); echo "## $*"; }
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-if ! ldconfig -p | grep -q libcjson && [ -d .deb ]; then  # no network there: cJSON from .deb files
-    for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
-    lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
-    MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
-    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
 step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log
     local name=$1 limit=$2; shift 2

@@ -21,15 +21,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
-# cJSON and libmicrohttpd: Debian's, carried as .deb files where the machine lacks them
-# (`apt-get download libcjson1 libcjson-dev libmicrohttpd12 libmicrohttpd-dev` into .deb/).
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-if { ! ldconfig -p | grep -q libcjson || ! ldconfig -p | grep -q libmicrohttpd; } && [ -d .deb ]; then
-    for f in .deb/*.deb; do dpkg -x "$f" /tmp/kdt-debs; done
-    lib=/tmp/kdt-debs/usr/lib/x86_64-linux-gnu
-    MAKEVARS+=(CPPFLAGS=-I/tmp/kdt-debs/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
-    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 if has build; then
     timeout 400 make -j16 "${MAKEVARS[@]}" "$BUILD/kdt" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
     echo "gpu_serve: built $BUILD/kdt"

@@ -18,11 +18,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 build_pid=
 if [ "${PREBUILD:-1}" = 1 ] && command -v nvcc >/dev/null; then
     MAKEVARS=(BUILD="${BUILD:-build}" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-    if ! ldconfig -p | grep -q libcjson && [ -d .deb ]; then
-        for f in .deb/*.deb; do dpkg -x "$f" /tmp/cjson; done
-        lib=/tmp/cjson/usr/lib/x86_64-linux-gnu
-        MAKEVARS+=(CPPFLAGS=-I/tmp/cjson/usr/include LDFLAGS="-L$lib -Wl,-rpath,$lib")
-    fi
+    source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
     setsid nice -n 19 make -j6 "${MAKEVARS[@]}" "${BUILD:-build}/bench/bench_drafters" >/tmp/kdt_prebuild.log 2>&1 &
     build_pid=$!
 fi
