@@ -82,6 +82,8 @@ KDT_API const char *kdt_backend_name(kdt_backend b); /* "cpu" | "cuda" */
 
 /* 1 when the library was built with CUDA and a device is visible. */
 KDT_API int kdt_cuda_available(void);
+/* CUDA devices visible to this build (0 without CUDA or a device). */
+KDT_API int kdt_cuda_device_count(void);
 
 #ifdef __cplusplus
 }
