@@ -51,6 +51,13 @@ static kdt_status fail_world_locked(kdt_comm_world *w, const char *fmt, ...) {
     return KDT_ERR_COMM;
 }
 
+int kdt_comm_aborted(kdt_comm_world *w) {
+    pthread_mutex_lock(&w->mu);
+    const int a = w->aborted;
+    pthread_mutex_unlock(&w->mu);
+    return a;
+}
+
 kdt_status kdt_comm_check(kdt_comm_world *w) {
     char why[sizeof w->why];
     pthread_mutex_lock(&w->mu);

@@ -57,6 +57,8 @@ kdt_status kdt_comm_fail_world(kdt_comm_world *w, const char *fmt, ...)
 const char *kdt_comm_op_name(kdt_comm_op op); /* "all_reduce", ... */
 /* KDT_ERR_COMM with the world's abort message when it was aborted, else KDT_OK. */
 kdt_status kdt_comm_check(kdt_comm_world *w);
+/* 1 once the world was aborted; leaves kdt_last_error() alone. */
+int        kdt_comm_aborted(kdt_comm_world *w);
 
 kdt_status kdt_nccl_world_init(kdt_comm_world *w);
 void       kdt_nccl_world_free(kdt_comm_world *w);

@@ -64,7 +64,7 @@ kdt_status kdt_ep_moe(const kdt_model *m, int32_t l, int64_t R, const float *xin
 }
 
 void kdt_ep_stop(kdt_model *m) {
-    if (!m->comm || m->comm->rank != 0 || kdt_comm_check(m->comm->w) != KDT_OK) return;
+    if (!m->comm || m->comm->rank != 0 || kdt_comm_aborted(m->comm->w)) return;
     int64_t head[3] = {EP_STOP, 0, 0};
     (void)kdt_comm_broadcast(m->comm, head, 3, KDT_I64, 0, NULL);
 }

@@ -135,9 +135,8 @@ extern "C" kdt_status kdt_nccl_init(kdt_comm *c) {
 extern "C" void kdt_nccl_free(kdt_comm *c) {
     Nccl *n = (Nccl *)c->w->nccl;
     Rank *rk = (Rank *)c->nccl;
-    /* After an abort a peer may be gone: destroy would wait for it. */
-    if (kdt_comm_check(c->w) == KDT_OK) n->CommDestroy(rk->comm);
-    else n->CommAbort(rk->comm);
+    /* NULL once wait_done aborted it; after any abort a peer may be gone, and destroy would wait for it. */
+    if (rk->comm) (kdt_comm_aborted(c->w) ? n->CommAbort : n->CommDestroy)(rk->comm);
     cudaFree(rk->d_one);
     free(rk);
     c->nccl = nullptr;
