@@ -17,7 +17,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "bench/bench_common.h"
+#include "bench_common.h"
 #include "kdt/comm.h"
 
 #define MAX_ROWS_LIST 16
@@ -105,7 +105,8 @@ static int parse_list(const char *s, long *out, int cap) {
 }
 
 int main(int argc, char **argv) {
-    cfg c = {.N = kdt_cuda_device_count(), .hidden = 7168, .topk = 8, .layers = 60, .iters = 50};
+    static cfg c; /* zeroed */
+    c.N = kdt_cuda_device_count(), c.hidden = 7168, c.topk = 8, c.layers = 60, c.iters = 50;
     const char *out_path = NULL, *rows = "1,8,32,64,136,544,1088";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--gpus")) c.N = atoi(argv[i + 1]);

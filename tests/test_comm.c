@@ -186,6 +186,11 @@ static void check_nccl(void) {
         if (kdt_cuda_available()) kt_skip("nccl world of one: no libnccl.so.2 ($KDT_NCCL_LIB)");
         return;
     }
+    if (!kdt_cuda_available()) {
+        kt_skip("nccl world of one: no CUDA device (the library loads)");
+        kdt_comm_world_free(w);
+        return;
+    }
     kdt_comm *c = NULL;
     float host[CNT], back[MAXN * CNT], nan[CNT];
     void *d_in = NULL, *d_out = NULL;
