@@ -90,8 +90,9 @@ static void *follower(void *arg) {
     if (j->load != KDT_OK) snprintf(j->msg, sizeof j->msg, "%s", kdt_last_error());
     if (m) {
         const int64_t E = m->cfg.n_routed_experts, N = kdt_comm_size(c), r = j->rank;
+        const kdt_layer_w *last = &m->layers[m->cfg.num_hidden_layers - 1];
         j->holds_only_experts = m->e_lo == r * E / N && m->e_n == (r + 1) * E / N - r * E / N &&
-                                (!j->t->dir || (!m->embed && !m->lm_head && !m->layers[0].kv_a && !m->layers[m->cfg.num_hidden_layers - 1].o));
+                                (!j->t->dir || (!m->embed && !m->lm_head && !m->layers[0].kv_a && !last->o));
         if (j->mode == 1) kdt_comm_abort(c, "the test killed this rank");
         if (j->mode == 0) j->serve = kdt_model_serve_experts(m);
     }
@@ -127,7 +128,8 @@ static kdt_status run_ranks(const target *t, int32_t N, int mode, int32_t timeou
 
 static void check_equal(const target *t) {
     kdt_model *m;
-    kdt_status s = t->dir ? kdt_model_load_as(t->dir, t->backend, t->dtype, &m) : kdt_model_builtin_as(BUILTIN_SEED, t->backend, t->dtype, &m);
+    kdt_status s = t->dir ? kdt_model_load_as(t->dir, t->backend, t->dtype, &m)
+                          : kdt_model_builtin_as(BUILTIN_SEED, t->backend, t->dtype, &m);
     if (s != KDT_OK) {
         kt_fail("%s: one-rank load: %s", t->name, kdt_last_error());
         return;
@@ -147,14 +149,18 @@ static void check_equal(const target *t) {
         char msg[600];
         s = run_ranks(t, N, 0, 60000, got, jobs, msg, sizeof msg);
         int ok = s == KDT_OK, only = 1;
-        for (int32_t r = 1; r < N; r++) { ok &= jobs[r].load == KDT_OK && jobs[r].serve == KDT_OK; only &= jobs[r].holds_only_experts; }
+        for (int32_t r = 1; r < N; r++) {
+            ok &= jobs[r].load == KDT_OK && jobs[r].serve == KDT_OK;
+            only &= jobs[r].holds_only_experts;
+        }
         size_t first = ROWS * V;
         for (size_t i = 0; ok && i < ROWS * V && first == ROWS * V; i++)
             if (memcmp(&got[i], &want[i], sizeof(float))) first = i;
         kt_check(ok && first == ROWS * V && only,
                  "%s: %d rank(s) (experts split %zu / %d), local communicator: the %d x %zu logits of prefill, decode and tree "
                  "equal one rank's bit for bit; ranks > 0 hold only their experts%s%s",
-                 t->name, N, E, N, ROWS, V, ok ? "" : ": ", ok ? (only ? (first < ROWS * V ? " [first difference inside]" : "") : " [a rank holds more]") : msg);
+                 t->name, N, E, N, ROWS, V, ok ? "" : ": ",
+                 !ok ? msg : !only ? " [a rank holds more than its experts]" : first < ROWS * V ? " [the logits differ]" : "");
     }
     free(want);
     free(got);

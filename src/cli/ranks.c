@@ -93,7 +93,8 @@ kdt_status kdt_cli_load_model(const char *dir, uint64_t seed, kdt_backend backen
 int kdt_cli_gpus(const char *cmd, const char *usage, const char *value, int *n) {
     char *end;
     const long v = strtol(value, &end, 10);
-    if (end == value || *end || v < 1 || v > MAX_RANKS) return kdt_cli_usage_error(cmd, usage, "--gpus takes a number of ranks in 1 .. 64, not", value);
+    if (end == value || *end || v < 1 || v > MAX_RANKS)
+        return kdt_cli_usage_error(cmd, usage, "--gpus takes a number of ranks in 1 .. 64, not", value);
     *n = (int)v;
     return 0;
 }

@@ -198,8 +198,9 @@ static kdt_status check_calls(kdt_comm *c, const kdt_comm_call *mine) {
         const kdt_comm_call *o = &w->posted[r];
         if (o->op != mine->op || o->count != mine->count || o->dtype != mine->dtype || o->root != mine->root)
             return kdt_comm_fail_world(c->w, "%s: rank %d called %s with %zu x %s (root %d), rank %d %s with %zu x %s (root %d)",
-                                       kdt_comm_op_name(mine->op), c->rank, kdt_comm_op_name(mine->op), mine->count, kdt_dtype_name(mine->dtype),
-                                       mine->root, r, kdt_comm_op_name(o->op), o->count, kdt_dtype_name(o->dtype), o->root);
+                                       kdt_comm_op_name(mine->op), c->rank, kdt_comm_op_name(mine->op), mine->count,
+                                       kdt_dtype_name(mine->dtype), mine->root, r, kdt_comm_op_name(o->op), o->count,
+                                       kdt_dtype_name(o->dtype), o->root);
         if (mine->op == KDT_COMM_OP_ALL_TO_ALL && o->send_counts[c->rank] != mine->recv_counts[r])
             return kdt_comm_fail_world(c->w, "all_to_all_v: rank %d sends %zu elements to rank %d, which expects %zu", r,
                                        o->send_counts[c->rank], c->rank, mine->recv_counts[r]);
@@ -218,7 +219,8 @@ static kdt_status run_local(kdt_comm *c, const kdt_comm_call *call) {
     void *copy = NULL;
     kdt_comm_call posted = *call;
     if (call->op != KDT_COMM_OP_BROADCAST && call->op != KDT_COMM_OP_BARRIER && in_bytes && s < r + out_bytes && r < s + in_bytes) {
-        if (!(copy = malloc(in_bytes))) return kdt_comm_fail_world(w, "%s: rank %d out of memory", kdt_comm_op_name(call->op), c->rank);
+        if (!(copy = malloc(in_bytes)))
+            return kdt_comm_fail_world(w, "%s: rank %d out of memory", kdt_comm_op_name(call->op), c->rank);
         posted.send = memcpy(copy, s, in_bytes);
     }
     w->posted[c->rank] = posted;

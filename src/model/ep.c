@@ -126,12 +126,14 @@ static kdt_status injected(kdt_comm *comm) {
 static kdt_status ranked(const char *dir, uint64_t seed, kdt_backend backend, kdt_dtype dtype, kdt_comm *comm, kdt_model **out) {
     if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load_ranked: out is NULL");
     *out = NULL;
-    if (kdt_comm_size(comm) == 1) return dir ? kdt_model_load_as(dir, backend, dtype, out) : kdt_model_builtin_as(seed, backend, dtype, out);
+    if (kdt_comm_size(comm) == 1)
+        return dir ? kdt_model_load_as(dir, backend, dtype, out) : kdt_model_builtin_as(seed, backend, dtype, out);
     kdt_status s = injected(comm);
     if (s == KDT_OK && backend != KDT_BACKEND_CPU)
         s = kdt_fail(KDT_ERR_UNSUPPORTED, "model: %d ranks on the CUDA backend: the CUDA forward has no expert exchange yet "
                      "(docs/multi_gpu.md); run one GPU, or --backend cpu", kdt_comm_size(comm));
-    if (s == KDT_OK) s = dir ? kdt_model_load_part(dir, backend, dtype, comm, out) : kdt_model_builtin_part(seed, backend, dtype, comm, out);
+    if (s == KDT_OK)
+        s = dir ? kdt_model_load_part(dir, backend, dtype, comm, out) : kdt_model_builtin_part(seed, backend, dtype, comm, out);
     return agree(comm, s, out);
 }
 

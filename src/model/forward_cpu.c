@@ -79,7 +79,8 @@ static void round_mlp(const kdt_mlp_w *p, int64_t hid) {
 void kdt_round_weights_bf16(kdt_model *m) {
     const kdt_model_config *c = &m->cfg;
     const int64_t hid = c->hidden_size, H = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
-    const int64_t Dv = c->kv_lora_rank, Dqk = Dv + c->qk_rope_head_dim, E = m->e_n, I = c->moe_intermediate_size; /* this rank's experts */
+    const int64_t Dv = c->kv_lora_rank, Dqk = Dv + c->qk_rope_head_dim, I = c->moe_intermediate_size;
+    const int64_t E = m->e_n; /* the experts this rank holds */
     round_w(m->embed, (int64_t)c->vocab_size * hid);
     if (m->lm_head != m->embed) round_w(m->lm_head, (int64_t)c->vocab_size * hid);
     for (int32_t l = 0; l < c->num_hidden_layers; l++) {

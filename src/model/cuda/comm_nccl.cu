@@ -95,7 +95,8 @@ extern "C" kdt_status kdt_nccl_world_init(kdt_comm_world *w) {
 #undef SYM
     ncclResult_t r = missing ? kSuccess : n->GetUniqueId(&n->id);
     if (missing || r != kSuccess) {
-        kdt_status s = kdt_fail(KDT_ERR_COMM, "comm: NCCL %s", missing ? "lacks an entry point this build uses" : n->GetErrorString(r));
+        kdt_status s =
+            kdt_fail(KDT_ERR_COMM, "comm: NCCL %s", missing ? "lacks an entry point this build uses" : n->GetErrorString(r));
         dlclose(n->lib);
         free(n);
         return s;
@@ -201,6 +202,7 @@ extern "C" kdt_status kdt_nccl_run(kdt_comm *c, const kdt_comm_call *call) {
     }
     }
     const char *what = kdt_comm_op_name(call->op);
-    if (r != kSuccess && r != kInProgress) return kdt_comm_fail_world(c->w, "%s on rank %d: NCCL: %s", what, c->rank, n->GetErrorString(r));
+    if (r != kSuccess && r != kInProgress)
+        return kdt_comm_fail_world(c->w, "%s on rank %d: NCCL: %s", what, c->rank, n->GetErrorString(r));
     return wait_done(c, st, what);
 }
