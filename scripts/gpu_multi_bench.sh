@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 25 on a machine with several GPUs (nvidia-h200-x2/x4/x8), ready for when one is lent: builds for
-# sm_90, then (1) test_comm and test_model_ep (the local backend's ranks, NCCL's world of one); (2)
+# sm_90, then (1) test_comm and test_model_ep (the local backend's ranks; every collective on NCCL worlds of 1 .. 4
+# GPUs); (2)
 # bench_comm over NCCL on 2, 4 and 8 GPUs (as many as there are): the communication of one decode step at
 # Kimi K2's dims under each exchange design, per layer and per step, into $OUT/bench_comm_<N>gpu.md; (3)
 # `kdt generate --gpus N --backend cuda`, which says the CUDA expert exchange is not built yet until it
