@@ -39,6 +39,10 @@ SM90_CU   := $(wildcard src/cuda/sm90/*.cu)
 LIB_OBJ   += $(LIB_CU:%.cu=$(BUILD)/obj/%.o) $(SM90_CU:%.cu=$(BUILD)/obj/%.o)
 # cuBLAS is opened on first use (src/common/cublas_lazy.c), not linked: see there why.
 KDT_CFLAGS += -I$(CUDA_HOME)/include
+# kdt/comm.h's NCCL backend opens libnccl.so.2 at run time ($KDT_NCCL_LIB first): by default the one
+# of the wheel nvidia-nccl-cu13 (python/requirements-gpu.txt) where python3 finds it.
+NCCL_LIB ?= $(shell python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+KDT_NVCCFLAGS += -DKDT_NCCL_LIB='"$(NCCL_LIB)"'
 KDT_LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 endif
 

@@ -30,6 +30,7 @@ typedef enum kdt_status {
     KDT_ERR_CUDA = 8,         /* a CUDA call or launch failed */
     KDT_ERR_UNSUPPORTED = 9,  /* valid input this build cannot run (unknown op, ...) */
     KDT_ERR_INTERNAL = 10,    /* a bug: guard bytes overwritten, impossible state */
+    KDT_ERR_COMM = 11,        /* a collective failed: a rank aborted or timed out, or NCCL failed (kdt/comm.h) */
 
     /* KDTR container rules (docs/interfaces.md section 1), one code per rule. */
     KDT_ERR_KDTR_TRUNCATED = 100,     /* header or table runs past the end of the buffer */
@@ -81,6 +82,8 @@ KDT_API const char *kdt_backend_name(kdt_backend b); /* "cpu" | "cuda" */
 
 /* 1 when the library was built with CUDA and a device is visible. */
 KDT_API int kdt_cuda_available(void);
+/* CUDA devices visible to this build (0 without CUDA or a device). */
+KDT_API int kdt_cuda_device_count(void);
 
 #ifdef __cplusplus
 }

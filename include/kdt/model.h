@@ -22,6 +22,7 @@
  * call on it (and its caches) must run with that device current. */
 #pragma once
 
+#include "kdt/comm.h"
 #include "kdt/kdt.h"
 
 #ifdef __cplusplus
@@ -186,6 +187,24 @@ KDT_API kdt_status kdt_model_set_hidden_layers(kdt_model *m, int32_t n, const in
 KDT_API kdt_status kdt_model_host_embeddings(const kdt_model *m, const float **embed, const float **lm_head);
 KDT_API kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *batch,
                                      float *logits, float *hidden, void *stream);
+
+/* ---- Expert parallel (docs/multi_gpu.md): one model over the ranks of a communicator ----
+ * Every rank calls one of the two loaders at once, from its own thread, with its own handle. Rank r
+ * of N reads only the routed experts [r*E/N, (r+1)*E/N) of each MoE layer (the other experts' bytes
+ * of the memory-mapped safetensors are never touched); rank 0 also reads everything else and is the
+ * only rank that runs forwards, caches and the loop above them: at each MoE layer its forward sends
+ * the layer's rows and routing to the others, which must sit in kdt_model_serve_experts, and
+ * gathers their experts' outputs (CPU: the same f32 logits as one rank, bit for bit). A rank whose
+ * load fails aborts the communicator, so every rank's load fails with a message naming it. A
+ * communicator of size 1 (or NULL) is kdt_model_load_as / kdt_model_builtin_as. The CUDA backend
+ * takes a world of one only so far (KDT_ERR_UNSUPPORTED otherwise). Freeing rank 0's model ends the
+ * other ranks' kdt_model_serve_experts. */
+KDT_API kdt_status kdt_model_load_ranked(const char *dir, kdt_backend backend, kdt_dtype dtype, kdt_comm *comm,
+                                         kdt_model **out);
+KDT_API kdt_status kdt_model_builtin_ranked(uint64_t seed, kdt_backend backend, kdt_dtype dtype, kdt_comm *comm,
+                                            kdt_model **out);
+/* Ranks > 0: answers rank 0's MoE layers until its model is freed (KDT_OK) or the communicator fails. */
+KDT_API kdt_status kdt_model_serve_experts(kdt_model *m);
 
 #ifdef __cplusplus
 }

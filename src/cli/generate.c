@@ -9,6 +9,7 @@
 
 #include "cli/generate_text.h"
 #include "cli/options.h"
+#include "cli/ranks.h"
 #include "kdt/spec.h"
 
 #define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate --model builtin` */
@@ -69,7 +70,7 @@ static int fail(const char *what, kdt_status s) {
     "       kdt generate [--model DIR] --prompt TEXT | --prompt-file F [--max-new N]\n"               \
     "                    [--backend cpu|cuda] [--eos ID] [--spec none|lookup|model|dflash|mtp]\n"       \
     "                    [--depth D] [--topk K] [--budget N] [--draft-layers L] [--draft-model DIR]\n"  \
-    "                    [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"                       \
+    "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--gpus N]\n"            \
     "  Greedy decoding by default; the generated ids go to stdout, one line per prompt (several --prompt-ids\n"    \
     "  decode as one batch). --prompt / --prompt-file: text through the model's tokenizer (BOS as its\n" \
     "  config says); the generated text is printed as it is produced (--max-new default 128, --eos\n"   \
@@ -91,6 +92,8 @@ static int fail(const char *what, kdt_status s) {
     "  the --top-k largest logits (0: off) and then the smallest set reaching probability --top-p\n"  \
     "  (1: off); speculative decoding then accepts by rejection sampling and gives the same\n"       \
     "  distribution (docs/sampling.md). --seed S (default 0): the same seed, the same output.\n"      \
+    "  --gpus N: the model's routed experts split over N ranks, one thread each (docs/multi_gpu.md):\n" \
+    "  N GPUs on cuda (one GPU only so far), threads on cpu; the same output as one.\n"               \
     "  Statistics on stderr: mean accepted length (draft tokens kept per request and step), tokens/s\n" \
     "  and the time per step split into draft, tree build, verify forward, accept and commit (on\n"    \
     "  CUDA the split synchronizes after each phase).\n"
@@ -107,11 +110,12 @@ typedef struct opts {
     double temperature, top_p;
     unsigned long long seed;
     kdt_backend backend;
+    int gpus;
 } opts;
 
 static int parse_opts(int argc, char **argv, opts *o) {
     *o = (opts){.spec = "none", .max_new = -1, .depth = 4, .topk = 4, .budget = 16, .eos = -1, .top_p = 1.0,
-                .backend = (kdt_backend)-1};
+                .backend = (kdt_backend)-1, .gpus = 1};
     for (int i = 0; i < argc; i++) {
         const char *a, *v;
         const int done = kdt_cli_next_option("generate", USAGE, argc, argv, &i, &a, &v);
@@ -150,6 +154,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
             errno = 0;
             o->seed = strtoull(v, &end, 10);
             if (errno || end == v || *end || *v == '-') return usage_error("--seed takes an integer in 0 .. 2^64 - 1, not", v);
+        } else if (strcmp(a, "--gpus") == 0) {
+            if (kdt_cli_gpus("generate", USAGE, v, &o->gpus)) return 2;
         } else if (strcmp(a, "--eos") == 0) {
             if (parse_int(v, 0, INT32_MAX, &o->eos)) return usage_error("--eos takes a token id, not", v);
         } else {
@@ -253,6 +259,7 @@ int kdt_cmd_generate(int argc, char **argv) {
     kdt_spec_request req[MAX_PROMPTS] = {0};
     int32_t *ids[MAX_PROMPTS] = {0};
     kdt_model *m = NULL, *draft = NULL;
+    kdt_cli_ranks *ranks = NULL;
     kdt_drafter *dr = NULL;
     int64_t prompt_tokens = 0;
     kdt_tokenizer *tok = NULL;
@@ -283,12 +290,13 @@ int kdt_cmd_generate(int argc, char **argv) {
         if (!req[b].out) { fprintf(stderr, "kdt generate: out of memory\n"); rc = 1; goto done; }
     }
     double t0 = now_s();
-    kdt_status s = o.model_dir ? kdt_model_load(o.model_dir, o.backend, &m) : kdt_model_builtin(BUILTIN_SEED, o.backend, &m);
+    kdt_status s = kdt_cli_load_model(o.model_dir, BUILTIN_SEED, o.backend, o.gpus, &m, &ranks);
     if (s != KDT_OK) { rc = fail(o.model_dir ? o.model_dir : "built-in model", s); goto done; }
     const kdt_model_config *cf = kdt_model_get_config(m);
     fprintf(stderr, "kdt generate: %s: %d layers, hidden %d, %d heads, %d experts, vocab %d, %s backend, loaded in %.2f s\n",
             o.model_dir ? o.model_dir : "built-in model", cf->num_hidden_layers, cf->hidden_size, cf->num_attention_heads,
             cf->n_routed_experts, cf->vocab_size, kdt_backend_name(o.backend), now_s() - t0);
+    if (o.gpus > 1) fprintf(stderr, "kdt generate: experts split over %d ranks (%s)\n", o.gpus, o.backend == KDT_BACKEND_CUDA ? "NCCL" : "threads");
     if (o.eos >= cf->vocab_size) {
         fprintf(stderr, "kdt generate: --eos %ld is outside the model's vocabulary (0 .. %d)\n", o.eos, cf->vocab_size - 1);
         rc = 2;
@@ -334,6 +342,7 @@ done:
     kdt_drafter_free(dr);
     if (draft != m) kdt_model_free(draft);
     kdt_model_free(m);
+    kdt_cli_ranks_end(ranks);
     for (int b = 0; b < B; b++) {
         free(ids[b]);
         free(req[b].out);

@@ -8,6 +8,7 @@ kdt_status kdt_no_cuda(const char *what) {
 
 #if !KDT_HAVE_CUDA
 int kdt_cuda_available(void) { return 0; }
+int kdt_cuda_device_count(void) { return 0; }
 kdt_status kdt_dev_alloc(void **ptr, size_t nbytes) { (void)nbytes; *ptr = NULL; return kdt_no_cuda("device allocation"); }
 void kdt_dev_free(void *ptr) { (void)ptr; }
 kdt_status kdt_dev_h2d(void *dst, const void *src, size_t n) { (void)dst; (void)src; (void)n; return kdt_no_cuda("copy to device"); }

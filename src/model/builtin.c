@@ -7,7 +7,7 @@
 #include <math.h>
 
 #include "common/internal.h"
-#include "model/internal.h"
+#include "model/ep.h"
 
 static uint64_t next(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -46,9 +46,14 @@ kdt_status kdt_model_builtin(uint64_t seed, kdt_backend backend, kdt_model **out
     return kdt_model_builtin_as(seed, backend, backend == KDT_BACKEND_CUDA ? KDT_BF16 : KDT_F32, out);
 }
 
-/* The weights are made on the host whatever the backend, so that a seed gives the same model on
- * both; the CUDA backend then uploads them. */
 kdt_status kdt_model_builtin_as(uint64_t seed, kdt_backend backend, kdt_dtype dtype, kdt_model **out) {
+    return kdt_model_builtin_part(seed, backend, dtype, NULL, out);
+}
+
+/* The weights are made on the host whatever the backend, so that a seed gives the same model on
+ * both; the CUDA backend then uploads them. With comm, every rank makes the whole (small) model
+ * and keeps its experts' part in use (ep.c). */
+kdt_status kdt_model_builtin_part(uint64_t seed, kdt_backend backend, kdt_dtype dtype, kdt_comm *comm, kdt_model **out) {
     if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_builtin: out is NULL");
     *out = NULL;
     kdt_model_config c;
@@ -91,6 +96,14 @@ kdt_status kdt_model_builtin_as(uint64_t seed, kdt_backend backend, kdt_dtype dt
 #undef W
 #undef NORM
     if (!ok) s = kdt_fail(KDT_ERR_NOMEM, "built-in model: out of memory");
+    kdt_ep_assign(m, comm);
+    for (int32_t l = 0; ok && l < c.num_hidden_layers; l++) { /* the views start at this rank's first expert */
+        kdt_layer_w *w = &m->layers[l];
+        if (!w->is_moe) continue;
+        w->exp_gate += (size_t)m->e_lo * I * hid;
+        w->exp_up += (size_t)m->e_lo * I * hid;
+        w->exp_down += (size_t)m->e_lo * hid * I;
+    }
     if (s == KDT_OK && backend == KDT_BACKEND_CUDA) {
         s = kdt_model_upload_top(m);
         for (int32_t l = 0; l < c.num_hidden_layers && s == KDT_OK; l++) s = kdt_model_upload_layer(m, l);

@@ -9,7 +9,7 @@
 
 #include "common/internal.h"
 #include "kdt/ops.h"
-#include "model/internal.h"
+#include "model/ep.h"
 
 /* The q_a and kv_a norms are built with transformers' default eps, not rms_norm_eps. */
 #define LORA_NORM_EPS 1e-6f
@@ -79,7 +79,8 @@ static void round_mlp(const kdt_mlp_w *p, int64_t hid) {
 void kdt_round_weights_bf16(kdt_model *m) {
     const kdt_model_config *c = &m->cfg;
     const int64_t hid = c->hidden_size, H = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
-    const int64_t Dv = c->kv_lora_rank, Dqk = Dv + c->qk_rope_head_dim, E = c->n_routed_experts, I = c->moe_intermediate_size;
+    const int64_t Dv = c->kv_lora_rank, Dqk = Dv + c->qk_rope_head_dim, I = c->moe_intermediate_size;
+    const int64_t E = m->e_n; /* the experts this rank holds */
     round_w(m->embed, (int64_t)c->vocab_size * hid);
     if (m->lm_head != m->embed) round_w(m->lm_head, (int64_t)c->vocab_size * hid);
     for (int32_t l = 0; l < c->num_hidden_layers; l++) {
@@ -122,14 +123,14 @@ typedef struct ws {
     /* MoE */
     float *gate_w;               /* [R, topk] */
     int32_t *gate_i;             /* [R, topk] */
-    int32_t *rows;               /* [R] rows routed to one expert */
-    float *xe, *ge, *ue, *ye;    /* gathered rows and their expert activations */
+    float *slots;                /* [R * topk, hidden] each choice's expert output times its weight */
+    float *ge, *ue, *ye;         /* MLP activations [R, I] and output [R, hidden] */
 } ws;
 
 static void ws_free(ws *w) {
     free(w->x); free(w->h); free(w->hb); free(w->q); free(w->qa); free(w->ckv); free(w->qabs); free(w->olat);
     free(w->lse); free(w->ov); free(w->tmp); free(w->cs); free(w->sn); free(w->causal); free(w->gsel); free(w->gate_w); free(w->gate_i);
-    free(w->rows); free(w->xe); free(w->ge); free(w->ue); free(w->ye);
+    free(w->slots); free(w->ge); free(w->ue); free(w->ye);
 }
 
 static kdt_status ws_alloc(ws *w, const kdt_model_config *c, int64_t R) {
@@ -160,13 +161,12 @@ static kdt_status ws_alloc(ws *w, const kdt_model_config *c, int64_t R) {
     w->gsel = malloc((size_t)c->n_group + 1);
     w->gate_w = malloc((size_t)(R * topk) * sizeof(float));
     w->gate_i = malloc((size_t)(R * topk) * sizeof(int32_t));
-    w->rows = malloc((size_t)R * sizeof(int32_t));
-    w->xe = malloc((size_t)(R * c->hidden_size) * sizeof(float));
+    w->slots = malloc((size_t)(R * topk * c->hidden_size) * sizeof(float));
     w->ge = malloc((size_t)(R * inter) * sizeof(float));
     w->ue = malloc((size_t)(R * inter) * sizeof(float));
     w->ye = malloc((size_t)(R * c->hidden_size) * sizeof(float));
     if (!w->x || !w->h || !w->hb || !w->q || !w->qa || !w->ckv || !w->qabs || !w->olat || !w->lse || !w->ov || !w->tmp ||
-        !w->cs || !w->sn || !w->causal || !w->gsel || !w->gate_w || !w->gate_i || !w->rows || !w->xe || !w->ge || !w->ue || !w->ye) {
+        !w->cs || !w->sn || !w->causal || !w->gsel || !w->gate_w || !w->gate_i || !w->slots || !w->ge || !w->ue || !w->ye) {
         ws_free(w);
         return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory for %lld rows", (long long)R);
     }
@@ -367,39 +367,63 @@ static void route(const kdt_model_config *c, const kdt_layer_w *L, const float *
     if (margin) *margin = fminf(*margin, route_margin(c, choice, gsel, idx));
 }
 
-/* MoE of layer l: the router reads w->h, the experts xin (w->h, or its bf16 rounding) [R, hidden];
- * out added to y [R, hidden]. Rows are grouped by expert so each expert's weights are read once
- * per call. */
-static void moe(const kdt_model *m, const kdt_layer_w *L, int64_t R, const float *xin, ws *w, float *y) {
+kdt_status kdt_moe_experts_cpu(const kdt_model *m, const kdt_layer_w *L, int64_t R, const float *xin, const int32_t *gi,
+                               const float *gw, float *slots) {
     const kdt_model_config *c = &m->cfg;
     const int32_t hid = c->hidden_size, I = c->moe_intermediate_size, K = c->num_experts_per_tok;
-    const int bf = m->dtype == KDT_BF16;
-    for (int64_t r = 0; r < R; r++)
-        route(c, L, w->h + r * hid, w->tmp, w->gsel, w->gate_i + r * K, w->gate_w + r * K,
-              m->probe_router_margin ? m->probe_router_margin + r : NULL);
-    for (int32_t e = 0; e < c->n_routed_experts; e++) {
+    ws w = {.ge = malloc((size_t)(R * I) * sizeof(float)), .ue = malloc((size_t)(R * I) * sizeof(float))};
+    float *xe = malloc((size_t)(R * hid) * sizeof(float)), *ye = malloc((size_t)(R * hid) * sizeof(float));
+    int32_t *rows = malloc((size_t)R * sizeof(int32_t));
+    kdt_status s = w.ge && w.ue && xe && ye && rows ? KDT_OK : kdt_fail(KDT_ERR_NOMEM, "forward: out of memory for the experts");
+    /* Rows are grouped by expert so each expert's weights are read once per call. */
+    for (int32_t e = m->e_lo; s == KDT_OK && e < m->e_lo + m->e_n; e++) {
         int64_t n = 0;
         for (int64_t r = 0; r < R; r++)
             for (int32_t k = 0; k < K; k++)
-                if (w->gate_i[r * K + k] == e) {
-                    w->rows[n] = (int32_t)(r * K + k);
-                    memcpy(w->xe + n * hid, xin + r * hid, (size_t)hid * sizeof(float));
+                if (gi[r * K + k] == e) {
+                    rows[n] = (int32_t)(r * K + k);
+                    memcpy(xe + n * hid, xin + r * hid, (size_t)hid * sizeof(float));
                     n++;
                 }
         if (!n) continue;
-        const kdt_mlp_w ex = {.gate = L->exp_gate + (int64_t)e * I * hid, .up = L->exp_up + (int64_t)e * I * hid,
-                              .down = L->exp_down + (int64_t)e * hid * I, .inter = I};
-        mlp(&ex, w->xe, n, hid, bf, w, w->ye);
-        for (int64_t j = 0; j < n; j++) {
-            const int64_t r = w->rows[j] / K;
-            const float g = w->gate_w[w->rows[j]];
-            for (int32_t i = 0; i < hid; i++) y[r * hid + i] += w->ye[j * hid + i] * g;
+        const int64_t le = e - m->e_lo;
+        const kdt_mlp_w ex = {.gate = L->exp_gate + le * I * hid, .up = L->exp_up + le * I * hid,
+                              .down = L->exp_down + le * hid * I, .inter = I};
+        mlp(&ex, xe, n, hid, m->dtype == KDT_BF16, &w, ye);
+        for (int64_t j = 0; j < n; j++)
+            for (int32_t i = 0; i < hid; i++) slots[(int64_t)rows[j] * hid + i] = ye[j * hid + i] * gw[rows[j]];
+    }
+    free(w.ge); free(w.ue); free(xe); free(ye); free(rows);
+    return s;
+}
+
+/* MoE of layer l: the router reads w->h, the experts xin (w->h, or its bf16 rounding) [R, hidden];
+ * out added to y [R, hidden], each row's experts in increasing expert order whatever the ranks. */
+static kdt_status moe(const kdt_model *m, int32_t l, int64_t R, const float *xin, ws *w, float *y) {
+    const kdt_model_config *c = &m->cfg;
+    const kdt_layer_w *L = &m->layers[l];
+    const int32_t hid = c->hidden_size, K = c->num_experts_per_tok;
+    for (int64_t r = 0; r < R; r++)
+        route(c, L, w->h + r * hid, w->tmp, w->gsel, w->gate_i + r * K, w->gate_w + r * K,
+              m->probe_router_margin ? m->probe_router_margin + r : NULL);
+    memset(w->slots, 0, (size_t)(R * K * hid) * sizeof(float));
+    kdt_status s = kdt_ep_moe(m, l, R, xin, w->gate_i, w->gate_w, w->slots);
+    for (int64_t r = 0; s == KDT_OK && r < R; r++) {
+        const int32_t *gi = w->gate_i + r * K;
+        for (int32_t done = 0, last = -1; done < K; done++) { /* the next choice by expert id */
+            int32_t k = -1;
+            for (int32_t j = 0; j < K; j++)
+                if (gi[j] > last && (k < 0 || gi[j] < gi[k])) k = j;
+            last = gi[k];
+            const float *sl = w->slots + (r * K + k) * hid;
+            for (int32_t i = 0; i < hid; i++) y[r * hid + i] += sl[i];
         }
     }
-    if (L->shared.inter) {
-        mlp(&L->shared, xin, R, hid, bf, w, w->ye);
+    if (s == KDT_OK && L->shared.inter) {
+        mlp(&L->shared, xin, R, hid, m->dtype == KDT_BF16, w, w->ye);
         for (int64_t i = 0; i < R * hid; i++) y[i] += w->ye[i];
     }
+    return s;
 }
 
 /* An MTP model's rows: x [R, hidden] = eh_proj([enorm(x); hnorm(h)]), h [R, hidden]. */
@@ -442,7 +466,7 @@ kdt_status kdt_forward_cpu(kdt_model *m, kdt_cache *c, const kdt_batch *bt, cons
             round_bf16(w.hb, R * hid);
         }
         if (L->is_moe) {
-            moe(m, L, R, hin, &w, w.x);
+            if ((s = moe(m, l, R, hin, &w, w.x)) != KDT_OK) break;
         } else {
             mlp(&L->dense, hin, R, hid, bf, &w, w.ye);
             for (int64_t i = 0; i < R * hid; i++) w.x[i] += w.ye[i];

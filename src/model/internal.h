@@ -89,6 +89,11 @@ struct kdt_model {
     const float *mtp_eh;                       /* [hidden, 2 * hidden] */
     int32_t n_hid_layers;                      /* kdt_model_set_hidden_layers; 0: hidden is the final norm's output */
     int32_t hid_layers[KDT_MODEL_MAX_HIDDEN_LAYERS];
+    /* Expert parallel (ep.c): the communicator of a model loaded on more than one rank (NULL
+     * otherwise) and this rank's routed experts [e_lo, e_lo + e_n), the ones exp_gate, exp_up and
+     * exp_down hold (every expert without a communicator). */
+    kdt_comm *comm;
+    int32_t e_lo, e_n;
 };
 
 struct kdt_cache {

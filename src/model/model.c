@@ -7,6 +7,7 @@
 #include "common/internal.h"
 #include "kdt/ops.h"
 #include "model/cuda.h"
+#include "model/ep.h"
 
 #define MAX_ROWS (1 << 24) /* rows of one forward */
 
@@ -53,6 +54,7 @@ kdt_status kdt_model_alloc(kdt_model **out, const kdt_model_config *cfg, kdt_bac
     m->cfg = *cfg;
     m->backend = backend;
     m->dtype = dtype;
+    m->e_n = cfg->n_routed_experts;
     const char *flags = getenv("KDT_MODEL_FLAGS");
     m->flags = flags && *flags ? (uint32_t)strtoul(flags, NULL, 0) & KNOWN_FLAGS : DEFAULT_FLAGS;
     m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
@@ -86,6 +88,7 @@ void kdt_model_release_bufs(kdt_model *m, size_t from) {
 
 void kdt_model_free(kdt_model *m) {
     if (!m) return;
+    kdt_ep_stop(m);
     kdt_cuda_ctx_free(m->ctx);
     kdt_model_free_device(m);
     kdt_model_release_bufs(m, 0);
@@ -442,6 +445,7 @@ static kdt_status check_batch(const kdt_model *m, const kdt_cache *c, const kdt_
 kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, float *logits, float *hidden, void *stream) {
     if (!m || !c || !bt) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: model, cache or batch is NULL");
     if (c->model != m) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: the cache was made for another model");
+    if (!kdt_ep_driver(m)) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: a rank > 0 of an expert-parallel model only serves experts");
     int64_t R = 0;
     kdt_status s = check_batch(m, c, bt, &R);
     if (s != KDT_OK) return s;

@@ -1,5 +1,7 @@
 /* The model's CUDA entry points in a CPU-only build (KDT_CUDA=0): each one is a clear error. */
 #include "common/device.h"
+#include "common/internal.h"
+#include "model/comm_internal.h"
 #include "model/cuda.h"
 
 #if !KDT_HAVE_CUDA
@@ -25,4 +27,14 @@ kdt_status kdt_cuda_fill_bytes(void *dst, int byte, size_t n) {
     (void)dst; (void)byte; (void)n;
     return kdt_no_cuda("device fill");
 }
+/* The NCCL backend of kdt/comm.h needs the CUDA runtime. */
+kdt_status kdt_nccl_world_init(kdt_comm_world *w) {
+    (void)w;
+    return kdt_fail(KDT_ERR_UNSUPPORTED, "comm: NCCL is unavailable in a build without CUDA (KDT_CUDA=0)");
+}
+
+void kdt_nccl_world_free(kdt_comm_world *w) { (void)w; }
+kdt_status kdt_nccl_init(kdt_comm *c) { (void)c; return kdt_no_cuda("NCCL communicator"); }
+void kdt_nccl_free(kdt_comm *c) { (void)c; }
+kdt_status kdt_nccl_run(kdt_comm *c, const kdt_comm_call *call) { (void)c; (void)call; return kdt_no_cuda("NCCL collective"); }
 #endif

@@ -14,7 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/internal.h"
-#include "model/internal.h"
+#include "model/ep.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
 
@@ -193,10 +193,11 @@ static kdt_status load_mlp(const loader *ld, const char *prefix, int32_t hid, in
     return load_linear(ld, n, hid, inter, &w->down);
 }
 
-/* Routed experts of layer l into [E, I, hidden] gate and up and [E, hidden, I] down. */
+/* This rank's routed experts [e_lo, e_lo + E) of layer l into [E, I, hidden] gate and up and
+ * [E, hidden, I] down; the other experts' bytes are not read. */
 static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
     const kdt_model_config *c = &ld->m->cfg;
-    const int64_t E = c->n_routed_experts, I = c->moe_intermediate_size, hid = c->hidden_size;
+    const int64_t E = ld->m->e_n, e0 = ld->m->e_lo, I = c->moe_intermediate_size, hid = c->hidden_size;
     float *gate = kdt_model_buf(ld->m, (size_t)(E * I * hid)), *up = kdt_model_buf(ld->m, (size_t)(E * I * hid));
     float *down = kdt_model_buf(ld->m, (size_t)(E * hid * I));
     if (!gate || !up || !down) return kdt_fail(KDT_ERR_NOMEM, "%s: out of memory for the experts of layer %d", ld->dir, l);
@@ -210,20 +211,20 @@ static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
     char full[320];
     snprintf(full, sizeof full, "%s%s", ld->fmt->prefix, n);
     if (kdt_st_find(ld->st, full)) {
-        if ((s = find(ld, n, D3(E, 2 * I, hid), &t))) return s;
+        if ((s = find(ld, n, D3(c->n_routed_experts, 2 * I, hid), &t))) return s;
         for (int64_t e = 0; e < E; e++) {
-            convert(t, (uint64_t)(e * 2 * I * hid), (uint64_t)(I * hid), gate + e * I * hid);
-            convert(t, (uint64_t)((e * 2 + 1) * I * hid), (uint64_t)(I * hid), up + e * I * hid);
+            convert(t, (uint64_t)((e0 + e) * 2 * I * hid), (uint64_t)(I * hid), gate + e * I * hid);
+            convert(t, (uint64_t)(((e0 + e) * 2 + 1) * I * hid), (uint64_t)(I * hid), up + e * I * hid);
         }
         snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l + ld->layer_off);
-        if ((s = find(ld, n, D3(E, hid, I), &t))) return s;
-        convert(t, 0, t->numel, down);
+        if ((s = find(ld, n, D3(c->n_routed_experts, hid, I), &t))) return s;
+        convert(t, (uint64_t)(e0 * hid * I), (uint64_t)(E * hid * I), down);
         return KDT_OK;
     }
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int64_t e = 0; e < E; e++)
         for (int k = 0; k < 3; k++) {
-            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l + ld->layer_off, (long long)e, proj[k]);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l + ld->layer_off, (long long)(e0 + e), proj[k]);
             float *dst = (k == 0 ? gate : k == 1 ? up : down) + e * I * hid;
             if ((s = k < 2 ? linear_into(ld, n, I, hid, dst) : linear_into(ld, n, hid, I, dst))) {
                 if (s == KDT_ERR_NOT_FOUND && e == 0 && k == 0) {
@@ -245,6 +246,8 @@ static kdt_status load_layer(const loader *ld, int32_t l) {
     char n[256], p[96];
     kdt_status s;
     snprintf(p, sizeof p, "model.layers.%d", l + ld->layer_off);
+    w->is_moe = kdt_layer_is_moe(c, l);
+    if (!kdt_ep_driver(ld->m)) return w->is_moe ? load_experts(ld, l, w) : KDT_OK; /* a rank > 0: its experts alone */
 #define NAME(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
     if ((s = load(ld, NAME("input_layernorm.weight"), D1(hid), &w->attn_norm)) ||
         (s = load(ld, NAME("post_attention_layernorm.weight"), D1(hid), &w->ffn_norm)))
@@ -263,7 +266,6 @@ static kdt_status load_layer(const loader *ld, int32_t l) {
                          &w->kv_b)) ||
         (s = load_linear(ld, NAME("self_attn.o_proj"), hid, (int64_t)H * c->v_head_dim, &w->o)))
         return s;
-    w->is_moe = kdt_layer_is_moe(c, l);
     if (!w->is_moe) return load_mlp(ld, NAME("mlp"), hid, c->intermediate_size, &w->dense);
     if ((s = load(ld, NAME("mlp.gate.weight"), D2(c->n_routed_experts, hid), &w->router)) ||
         (c->topk_method == KDT_TOPK_NOAUX_TC &&
@@ -310,6 +312,11 @@ static kdt_status read_config(const char *dir, char *path, size_t cap, kdt_model
 }
 
 kdt_status kdt_model_load_as(const char *dir, kdt_backend backend, kdt_dtype dtype, kdt_model **out) {
+    return kdt_model_load_part(dir, backend, dtype, NULL, out);
+}
+
+/* comm: rank r of N reads its experts, rank 0 everything else too (ep.c); NULL: the whole model. */
+kdt_status kdt_model_load_part(const char *dir, kdt_backend backend, kdt_dtype dtype, kdt_comm *comm, kdt_model **out) {
     if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load: out is NULL");
     *out = NULL;
     if (!dir) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load: dir is NULL");
@@ -320,14 +327,16 @@ kdt_status kdt_model_load_as(const char *dir, kdt_backend backend, kdt_dtype dty
     if (s != KDT_OK) return s;
     kdt_model *m;
     if ((s = kdt_model_alloc(&m, &cfg, backend, dtype)) != KDT_OK) { kdt_ckpt_format_free(&fmt); return s; }
+    kdt_ep_assign(m, comm);
     kdt_st *st;
     if ((s = kdt_st_open_dir(dir, &st)) != KDT_OK) { kdt_ckpt_format_free(&fmt); kdt_model_free(m); return s; }
     const loader ld = {.m = m, .st = st, .dir = dir, .fmt = &fmt};
     const int64_t V = cfg.vocab_size, hid = cfg.hidden_size;
-    s = load(&ld, "model.embed_tokens.weight", D2(V, hid), &m->embed);
-    if (s == KDT_OK) s = load(&ld, "model.norm.weight", D1(hid), &m->final_norm);
-    if (s == KDT_OK && cfg.tie_word_embeddings) m->lm_head = m->embed;
-    else if (s == KDT_OK) s = load_linear(&ld, "lm_head", V, hid, &m->lm_head);
+    const int top = kdt_ep_driver(m);
+    if (top) s = load(&ld, "model.embed_tokens.weight", D2(V, hid), &m->embed);
+    if (s == KDT_OK && top) s = load(&ld, "model.norm.weight", D1(hid), &m->final_norm);
+    if (s == KDT_OK && top && cfg.tie_word_embeddings) m->lm_head = m->embed;
+    else if (s == KDT_OK && top) s = load_linear(&ld, "lm_head", V, hid, &m->lm_head);
     if (s == KDT_OK) s = offload(m, -1, 0);
     for (int32_t l = 0; l < cfg.num_hidden_layers && s == KDT_OK; l++) {
         const size_t from = m->n_allocs;

@@ -13,6 +13,7 @@
 
 #include "common/internal.h"
 #include "model/internal.h"
+#include "cli/ranks.h"
 #include "server/server.h"
 
 #define BUILTIN_SEED 0x4B44542D4B324DULL /* the built-in model of `kdt generate` without --model */
@@ -40,8 +41,7 @@ static kdt_status load_random(const char *path, kdt_model **out) {
 static kdt_status load(server *S) {
     const srv_options *o = &S->o;
     kdt_status s = o->random_config ? load_random(o->random_config, &S->model)
-                   : o->model_dir   ? kdt_model_load(o->model_dir, o->backend, &S->model)
-                                    : kdt_model_builtin(BUILTIN_SEED, o->backend, &S->model);
+                                    : kdt_cli_load_model(o->model_dir, BUILTIN_SEED, o->backend, o->gpus, &S->model, &S->ranks);
     if (s != KDT_OK) return s;
     const kdt_model_config *cf = kdt_model_get_config(S->model);
     if (o->model_dir && kdt_tokenizer_load(o->model_dir, &S->tok) != KDT_OK) {

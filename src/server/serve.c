@@ -12,6 +12,7 @@
 
 #include "cli/generate_text.h"
 #include "cli/options.h"
+#include "cli/ranks.h"
 #include "server/server.h"
 
 int kdt_cmd_serve(int argc, char **argv);
@@ -27,7 +28,7 @@ double srv_now(void) {
     "                 [--spec none|lookup|model] [--depth D] [--topk K] [--budget N] [--draft-model DIR]\n"     \
     "                 [--api-key KEY] [--max-batch N] [--max-queue N] [--ctx N] [--prefill-chunk N]\n"          \
     "                 [--queue-timeout S] [--drain-timeout S] [--timeout S] [--max-body BYTES]\n"               \
-    "                 [--random-config CONFIG.json]\n"                                                         \
+    "                 [--random-config CONFIG.json] [--gpus N]\n"                                               \
     "  An OpenAI-compatible HTTP server (docs/serve.md): POST /v1/completions, /v1/chat/completions,\n"         \
     "  GET /v1/models, /health, /metrics. Without --model, the shipped model (models/kdt-small);\n"             \
     "  --model builtin: the built-in random model (token id prompts).\n"             \
@@ -39,7 +40,9 @@ double srv_now(void) {
     "  connection may sit idle or half-sent (default 15); --max-body: request bytes (default 1 MiB, then\n"     \
     "  413); --drain-timeout: seconds requests get to finish after SIGTERM (default 10).\n"                   \
     "  --random-config: instead of --model, that config's model with random bf16 weights on the GPU\n"        \
-    "  (load tests at real dims; served as `random`).\n"
+    "  (load tests at real dims; served as `random`).\n"                                                       \
+    "  --gpus N: the model's routed experts split over N ranks, one thread each (docs/multi_gpu.md): N GPUs\n" \
+    "  on cuda (one GPU only so far), threads on cpu; the same completions as one.\n"
 
 static int usage_error(const char *msg, const char *arg) { return kdt_cli_usage_error("serve", USAGE, msg, arg); }
 
@@ -55,7 +58,7 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 static int parse_opts(int argc, char **argv, srv_options *o) {
     *o = (srv_options){.host = "127.0.0.1", .port = 8000, .spec = "none", .max_batch = 32, .max_queue = 256, .depth = 4,
                        .topk = 4, .budget = 16, .prefill_chunk = 512, .queue_timeout = 60, .drain_timeout = 10, .io_timeout = 15,
-                       .max_body = 1 << 20, .backend = (kdt_backend)-1};
+                       .max_body = 1 << 20, .backend = (kdt_backend)-1, .gpus = 1};
     for (int i = 0; i < argc; i++) {
         const char *a, *v;
         const int done = kdt_cli_next_option("serve", USAGE, argc, argv, &i, &a, &v);
@@ -91,7 +94,9 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
             }
         } else if (strcmp(a, "--model") == 0) o->model_dir = v;
         else if (strcmp(a, "--random-config") == 0) o->random_config = v;
-        else if (strcmp(a, "--draft-model") == 0) o->draft_dir = v;
+        else if (strcmp(a, "--gpus") == 0) {
+            if (kdt_cli_gpus("serve", USAGE, v, &o->gpus)) return 2;
+        } else if (strcmp(a, "--draft-model") == 0) o->draft_dir = v;
         else if (strcmp(a, "--host") == 0) o->host = v;
         else if (strcmp(a, "--api-key") == 0) o->api_key = v;
         else if (strcmp(a, "--backend") == 0) {
@@ -105,6 +110,7 @@ static int parse_opts(int argc, char **argv, srv_options *o) {
     }
     if (o->draft_dir && strcmp(o->spec, "model") != 0) return usage_error("--draft-model needs --spec model", NULL);
     if ((int)o->backend < 0) o->backend = kdt_cuda_available() ? KDT_BACKEND_CUDA : KDT_BACKEND_CPU; /* starts CUDA: not for --help */
+    if (o->random_config && o->gpus > 1) return usage_error("--random-config runs on one GPU (--gpus 1)", NULL);
     if (o->random_config && (o->model_dir || o->backend != KDT_BACKEND_CUDA))
         return usage_error("--random-config takes the place of --model and needs --backend cuda", NULL);
     /* As kdt generate: no --model is the shipped model, --model builtin the built-in random one. */
@@ -191,6 +197,7 @@ int kdt_cmd_serve(int argc, char **argv) {
     kdt_drafter_free(S.drafter);
     if (S.draft != S.model) kdt_model_free(S.draft);
     kdt_model_free(S.model);
+    kdt_cli_ranks_end(S.ranks);
     kdt_tokenizer_free(S.tok);
     free(S.slots);
     if (!failed) fprintf(stderr, "kdt serve: stopped\n");

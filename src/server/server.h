@@ -45,6 +45,7 @@ typedef struct srv_job {
 typedef struct srv_options {
     const char *model_dir, *draft_dir, *random_config, *host, *api_key, *spec;
     int port, max_batch, max_queue, ctx, depth, topk, budget, prefill_chunk;
+    int gpus;                /* --gpus: ranks the experts are split over (docs/multi_gpu.md) */
     double queue_timeout, drain_timeout, io_timeout;
     long max_body;
     kdt_backend backend;
@@ -72,6 +73,7 @@ typedef struct server {
     int32_t vocab, ctx, eos;
     kdt_tokenizer *tok;                 /* NULL: token id prompts only */
     kdt_model *model, *draft;
+    struct kdt_cli_ranks *ranks;        /* --gpus > 1: the other ranks' threads (cli/ranks.h) */
     kdt_drafter *drafter;
     kdt_spec_session *sess;
     /* Under mu. */

@@ -2,14 +2,16 @@
 #include "common/device.h"
 #include "common/cuda/cuda_common.cuh"
 
-extern "C" int kdt_cuda_available(void) {
+extern "C" int kdt_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         (void)cudaGetLastError(); /* clear the sticky "no device" error */
         return 0;
     }
-    return n > 0;
+    return n;
 }
+
+extern "C" int kdt_cuda_available(void) { return kdt_cuda_device_count() > 0; }
 
 extern "C" kdt_status kdt_dev_alloc(void **ptr, size_t nbytes) {
     *ptr = NULL;
