@@ -23,6 +23,7 @@
 #include "kdt/ops.h"
 #include "model/cuda.h"
 #include "model/cuda/kernels.h"
+#include "model/cuda/route.h"
 
 #define KDT_CUBLAS_CHECK(call)                                                                   \
     do {                                                                                         \
@@ -56,6 +57,10 @@
 #define MOE_LARGE_EXPERT_BYTES (32ull << 20)
 #define MOE_LARGE_ROWS_PER_EXPERT 2
 #define GEMV_MAX_ROWS 16
+/* With KDT_MODEL_FUSED, experts under MOE_LARGE_EXPERT_BYTES take moe.cu's kernels at any batch
+ * whose routed products stay under this many multiply-adds (CUDA cores, about 100 us): a
+ * prefill of the small models then has no host wait and no per-expert GEMMs. */
+#define MOE_DEVICE_MAX_MACS (1ll << 30)
 
 struct kdt_cuda_ctx {
     cublasHandle_t blas;
@@ -337,6 +342,7 @@ struct Fwd {
     cudaStream_t s;
     bool moe_small;              /* MoE layers run moe.cu's kernels: no host wait */
     bool gemv;                   /* projections run moe.cu's small-batch kernel (KDT_MODEL_GEMV) */
+    bool fused;                  /* KDT_MODEL_FUSED: route.cu's one-launch router where it fits */
     bool all;                    /* logits of every row (else of each request's last row) */
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
 };
@@ -420,10 +426,19 @@ kdt_status moe(Fwd &f, int32_t l) {
     const kdt_model_config *cf = &f.m->cfg;
     cublasHandle_t h = f.x->blas;
     const int64_t RK = d.R * d.K, I = cf->moe_intermediate_size;
-    TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
-    TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
-                     cf->routed_scaling_factor, u.gi, u.gw, f.s));
-    TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
+    if (f.fused && kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 0)) {
+        const bool scores = kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 1);
+        if (!scores)
+            TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+        TRY(kdt_mk_route_plan(scores ? u.hf : nullptr, L->router, d.hid, u.rlog, L->router_bias, d.R, d.E, cf->n_group,
+                              cf->topk_group, d.K, cf->norm_topk_prob, cf->routed_scaling_factor, u.gi, u.gw, u.counts, u.offs,
+                              u.perm, u.posa, f.s));
+    } else {
+        TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+        TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
+                         cf->routed_scaling_factor, u.gi, u.gw, f.s));
+        TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
+    }
     if (f.moe_small) {
         TRY(kdt_mk_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, L->exp_gate_up, L->exp_down, d.E, d.hid, (int32_t)I, u.act,
                              u.ye, d.dt, f.s));
@@ -579,8 +594,10 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     const int64_t I = m->cfg.moe_intermediate_size;
     const bool large = 3ull * (uint64_t)d.hid * (uint64_t)I * d.es >= MOE_LARGE_EXPERT_BYTES;
     const int64_t rows_per_expert = large ? MOE_LARGE_ROWS_PER_EXPERT : MOE_SMALL_ROWS_PER_EXPERT;
+    f.fused = (m->flags & KDT_MODEL_FUSED) != 0;
+    const bool few_macs = f.fused && !large && d.R * d.K * 3 * d.hid * I <= MOE_DEVICE_MAX_MACS;
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
-                  d.R * d.K <= rows_per_expert * d.E;
+                  (d.R * d.K <= rows_per_expert * d.E || few_macs);
     f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;

@@ -26,6 +26,8 @@ unsigned grid_for(int64_t n) {
 #define GRID_STRIDE(i, n) \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
+#include "model/cuda/route.cuh"
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -132,78 +134,12 @@ __global__ void silu_mul_kernel(const float *gu, int64_t n, int I, T *out) {
     }
 }
 
-/* One warp per row. Shared: score [E], choice [E], gscore [G], wsel [K] floats, then taken [E]
- * and gsel [G] bytes. */
+/* One warp per row (route.cuh's route_row); shared: route_scratch_bytes. */
 __global__ void route_kernel(const float *logits, const float *bias, int E, int G, int topk_group, int K, int norm,
                              float scale, int32_t *idx, float *wt) {
     extern __shared__ float sm[];
-    float *score = sm, *choice = score + E, *gscore = choice + E, *wsel = gscore + G;
-    unsigned char *taken = (unsigned char *)(wsel + K), *gsel = taken + E;
     const int64_t r = blockIdx.x;
-    const int lane = threadIdx.x, per = E / G;
-    for (int e = lane; e < E; e += 32) {
-        const float s = 1.0f / (1.0f + expf(-logits[r * E + e]));
-        score[e] = s;
-        choice[e] = s + bias[e];
-        taken[e] = 0;
-    }
-    __syncwarp();
-    for (int g = lane; g < G; g += 32) {
-        float t1 = -INFINITY, t2 = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; e++) {
-            const float c = choice[e];
-            if (c > t1) {
-                t2 = t1;
-                t1 = c;
-            } else if (c > t2) {
-                t2 = c;
-            }
-        }
-        gscore[g] = per >= 2 ? t1 + t2 : t1;
-        gsel[g] = 0;
-    }
-    __syncwarp();
-    if (lane == 0)
-        for (int kept = 0; kept < topk_group; kept++) {
-            int best = -1;
-            for (int g = 0; g < G; g++)
-                if (!gsel[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-            if (best >= 0) gsel[best] = 1;
-        }
-    __syncwarp();
-    float sum = 0.f;
-    for (int k = 0; k < K; k++) {
-        /* This lane's best untaken expert of a kept group (lower index on ties), then the warp's. */
-        int bi = -1;
-        float bv = 0.f;
-        for (int e = lane; e < E; e += 32)
-            if (gsel[e / per] && !taken[e] && (bi < 0 || choice[e] > bv)) {
-                bi = e;
-                bv = choice[e];
-            }
-        for (int o = 16; o > 0; o >>= 1) {
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bi = oi;
-                bv = ov;
-            }
-        }
-        if (lane == 0) {
-            const float w = bi >= 0 ? score[bi] : 0.f;
-            if (bi >= 0) taken[bi] = 1;
-            idx[r * K + k] = bi;
-            wsel[k] = w;
-            sum += w;
-        }
-        __syncwarp();
-    }
-    if (lane == 0)
-        for (int k = 0; k < K; k++) {
-            float w = wsel[k];
-            if (norm) w /= sum + 1e-20f;
-            wt[r * K + k] = w * scale;
-        }
+    route_row(logits + r * E, bias, E, G, topk_group, K, norm, scale, idx + r * K, wt + r * K, sm);
 }
 
 /* Block e counts the assignments of expert e. */
@@ -385,7 +321,7 @@ extern "C" kdt_status kdt_mk_route(const float *logits, const float *bias, int64
                                    int32_t K, int norm, float scale, int32_t *idx, float *wt, cudaStream_t s) {
     if (R == 0) return KDT_OK;
     if (K > kMaxTopk) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts per token, at most %d", K, kMaxTopk);
-    const size_t smem = (size_t)(2 * E + G + K) * sizeof(float) + (size_t)(E + G);
+    const size_t smem = (size_t)route_scratch_bytes(E, G, K);
     if (smem > 48 * 1024) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts need %zu bytes of shared memory", E, smem);
     route_kernel<<<(unsigned)R, 32, smem, s>>>(logits, bias, E, G, topk_group, K, norm, scale, idx, wt);
     KDT_CUDA_CHECK_LAUNCH("route");
