@@ -61,6 +61,9 @@
  * whose routed products stay under this many multiply-adds (CUDA cores, about 100 us): a
  * prefill of the small models then has no host wait and no per-expert GEMMs. */
 #define MOE_DEVICE_MAX_MACS (1ll << 30)
+/* With KDT_MODEL_FUSED, products of at most GEMV_MAX_ROWS rows with weights up to this size run
+ * moe.cu's small-batch kernel (every projection of the shipped model; none of Kimi's). */
+#define GEMV_SMALL_WEIGHT_BYTES (8ull << 20)
 
 struct kdt_cuda_ctx {
     cublasHandle_t blas;
@@ -347,10 +350,20 @@ struct Fwd {
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
 };
 
+/* Whether a product of M rows with W [N, K] runs moe.cu's small-batch kernel: with f.gemv
+ * (any_size: the projections KDT_MODEL_GEMV names), or with f.fused where W is so small that
+ * the launch, not the bandwidth, is the cost (the small models: cuBLAS has no edge there, and the
+ * kernel gives a row the same bits in a decode step and in a tree). */
+bool small_product(const Fwd &f, int64_t M, int64_t N, int64_t K, bool any_size) {
+    if (M > GEMV_MAX_ROWS || K % 8 != 0 || N > INT_MAX || K > INT_MAX) return false;
+    return (f.gemv && any_size) || (f.fused && (uint64_t)N * (uint64_t)K * f.d.es <= GEMV_SMALL_WEIGHT_BYTES);
+}
+
 /* y [M, N] f32 (+)= x [M, K] (dt) . W^T, W [N, K] (dt), all contiguous: gemm(), or moe.cu's
- * small-batch kernel when f.gemv. */
-kdt_status proj(Fwd &f, int64_t M, int64_t N, int64_t K, const void *W, const void *x, float *y, float beta) {
-    if (f.gemv && M <= GEMV_MAX_ROWS && K % 8 == 0 && N <= INT_MAX && K <= INT_MAX)
+ * small-batch kernel where small_product says so. */
+kdt_status proj(Fwd &f, int64_t M, int64_t N, int64_t K, const void *W, const void *x, float *y, float beta,
+                bool any_size = true) {
+    if (small_product(f, M, N, K, any_size))
         return kdt_mk_dense_small((int32_t)M, x, W, (int32_t)K, (int32_t)N, 0, y, beta != 0.0f, f.d.dt, f.s);
     return gemm(f.x->blas, M, N, K, W, f.d.ct, K, x, f.d.ct, K, y, CUDA_R_32F, N, beta);
 }
@@ -363,17 +376,20 @@ kdt_status attention(Fwd &f, int32_t l) {
     const kdt_model_config *cf = &f.m->cfg;
     cublasHandle_t h = f.x->blas;
     /* [q_a | kv_a] (or [q_proj | kv_a]) of the normed rows: a_out [R, Wa] f32 */
-    TRY(gemm(h, d.R, d.Wa, d.hid, L->attn_in, d.ct, d.hid, u.hn, d.ct, d.hid, u.a_out, CUDA_R_32F, d.Wa, 0.0f));
+    TRY(proj(f, d.R, d.Wa, d.hid, L->attn_in, u.hn, u.a_out, 0.0f, false));
     const float *q = u.a_out;
     int64_t q_ld = d.Wa;
+    /* With f.fused both norms of [q_a | kv_a] (and the cache append) are one launch. */
+    const bool qa_fused = d.ql && f.fused;
+    TRY(kdt_mk_kv_append_qa(u.a_out + d.qw, d.Wa, L->kv_a_norm, LORA_NORM_EPS, u.cs, u.sn, u.slots, d.R, d.Dv, d.rope,
+                            cf->rope_interleave, f.c->dpool[l], qa_fused ? u.a_out : nullptr, L->q_a_norm, d.ql, u.qa, d.dt, f.s));
     if (d.ql) {
-        TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
+        if (!qa_fused)
+            TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
         TRY(proj(f, d.R, (int64_t)d.H * d.qk, d.ql, L->q_b, u.qa, u.q, 0.0f));
         q = u.q;
         q_ld = (int64_t)d.H * d.qk;
     }
-    TRY(kdt_mk_kv_append(u.a_out + d.qw, d.Wa, L->kv_a_norm, LORA_NORM_EPS, u.cs, u.sn, u.slots, d.R, d.Dv, d.rope,
-                         cf->rope_interleave, f.c->dpool[l], d.dt, f.s));
     TRY(kdt_mk_q_prep(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, u.qn, u.qabs, d.dt, f.s));
     if (d.nope) TRY(absorb_query(h, d, L->kv_b, u.qn, u.qabs));
     else KDT_CUDA_CHECK(cudaMemset2DAsync(u.qabs, (size_t)d.Dqk * d.es, 0, (size_t)d.Dv * d.es, (size_t)(d.R * d.H), f.s));
@@ -407,7 +423,7 @@ kdt_status attention(Fwd &f, int32_t l) {
 kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
     const Dims &d = f.d;
     const int64_t I = w->inter;
-    if (f.gemv && d.R <= GEMV_MAX_ROWS && d.hid % 8 == 0)
+    if (small_product(f, d.R, 2 * I, d.hid, true))
         TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up, d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
     else {
         TRY(gemm(f.x->blas, d.R, 2 * I, d.hid, w->gate_up, d.ct, d.hid, f.u.hn, d.ct, d.hid, f.u.gu, CUDA_R_32F, 2 * I, 0.0f));

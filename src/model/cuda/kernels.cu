@@ -111,10 +111,19 @@ __global__ void q_prep_kernel(const float *q, int64_t q_ld, const float *cs, con
     }
 }
 
+/* Block (r, 0): row r's latent cache row. Block (r, 1), with q_in: the q_a norm of the same
+ * projection's row, so that both norms of [q_a | kv_a] are one launch. */
 template <typename T>
 __global__ void kv_append_kernel(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
-                                 const int64_t *slot_rows, int Dv, int rope, int interleave, T *pool) {
+                                 const int64_t *slot_rows, int Dv, int rope, int interleave, T *pool, const float *q_in,
+                                 const float *q_w, int ql, T *qa) {
     const int64_t r = blockIdx.x;
+    if (blockIdx.y == 1) {
+        const float *x = q_in + r * ld;
+        const float inv = rms_inv(x, ql, eps);
+        for (int j = threadIdx.x; j < ql; j += blockDim.x) qa[r * ql + j] = from_f32<T>(q_w[j] * (x[j] * inv));
+        return;
+    }
     const float *x = ckv + r * ld;
     T *dst = pool + slot_rows[r] * (Dv + rope);
     const float inv = rms_inv(x, Dv, eps);
@@ -295,17 +304,26 @@ extern "C" kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *c
     return KDT_OK;
 }
 
+extern "C" kdt_status kdt_mk_kv_append_qa(const float *ckv, int64_t ld, const float *w, float eps, const float *cs,
+                                          const float *sn, const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope,
+                                          int interleave, void *pool, const float *q_in, const float *q_w, int32_t ql, void *qa,
+                                          kdt_dtype dt, cudaStream_t s) {
+    if (R == 0) return KDT_OK;
+    const dim3 grid((unsigned)R, q_in ? 2u : 1u);
+    BY_DTYPE(dt,
+             (kv_append_kernel<<<grid, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave, (float *)pool, q_in,
+                                                    q_w, ql, (float *)qa)),
+             (kv_append_kernel<<<grid, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave, (bf16 *)pool, q_in,
+                                                    q_w, ql, (bf16 *)qa)));
+    KDT_CUDA_CHECK_LAUNCH("kv_append");
+    return KDT_OK;
+}
+
 extern "C" kdt_status kdt_mk_kv_append(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
                                        const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope, int interleave, void *pool,
                                        kdt_dtype dt, cudaStream_t s) {
-    if (R == 0) return KDT_OK;
-    BY_DTYPE(dt,
-             (kv_append_kernel<<<(unsigned)R, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave,
-                                                           (float *)pool)),
-             (kv_append_kernel<<<(unsigned)R, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave,
-                                                           (bf16 *)pool)));
-    KDT_CUDA_CHECK_LAUNCH("kv_append");
-    return KDT_OK;
+    return kdt_mk_kv_append_qa(ckv, ld, w, eps, cs, sn, slot_rows, R, Dv, rope, interleave, pool, nullptr, nullptr, 0, nullptr,
+                               dt, s);
 }
 
 extern "C" kdt_status kdt_mk_silu_mul(const float *gu, int64_t n, int32_t I, void *out, kdt_dtype dt, cudaStream_t s) {

@@ -39,6 +39,11 @@ kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *cs, const fl
 kdt_status kdt_mk_kv_append(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
                             const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope, int interleave, void *pool,
                             kdt_dtype dt, cudaStream_t s);
+/* The same, and in the same launch the q_a norm: qa [R, ql] (dt) = rmsnorm(q_in row [ql] (row
+ * stride ld); q_w, eps). q_in NULL: the cache rows alone. */
+kdt_status kdt_mk_kv_append_qa(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
+                               const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope, int interleave, void *pool,
+                               const float *q_in, const float *q_w, int32_t ql, void *qa, kdt_dtype dt, cudaStream_t s);
 
 /* out [n, I] (dt) = silu(gu[:, :I]) * gu[:, I:], gu [n, 2I] f32. */
 kdt_status kdt_mk_silu_mul(const float *gu, int64_t n, int32_t I, void *out, kdt_dtype dt, cudaStream_t s);
