@@ -3,53 +3,34 @@
 # graphs, the one-launch router, small projections in moe.cu's kernel, the q_a norm with the cache
 # append, small experts on the device at prefill sizes) beside flags 3 (main's default: device MoE
 # and graphs) from the same binaries, so no second build is needed. Most important first; a step
-# that would pass $DEADLINE (seconds since the start, default 400) is skipped and says so.
+# that would pass $DEADLINE (seconds since the start, default 405; the whole run stays under 420 s)
+# is cut to what is left, or skipped and says so.
 #   OUT=/tmp/out bash scripts/gpu_forward2.sh
 # Every step prints one line, PASS|FAIL|SKIP <step> (exit, seconds), then its figures; logs in
 # $OUT/logs/<step>.log, tables in $OUT/*.md, the summary in $OUT/summary.txt.
 # Steps: build; tests/test_model_graph (run to run and graph determinism at batch 1, 8, 32 with
-# each path, fused vs cuBLAS); kdt generate on the shipped model, batch 1, greedy, 256 new tokens,
-# 4 held-out prompts, plain and --spec lookup D=8 K=2 N=16, flags 3 and 11 (tokens/s, and whether
-# every output equals plain greedy); bench_model (built-in and Kimi dims); bench_spec's oracle
+# each path, fused vs cuBLAS); tests/test_model_cuda (the default path against the CPU); kdt
+# generate on the shipped model, batch 1, greedy, 256 new tokens, 4 held-out prompts, plain and
+# --spec lookup D=8 K=2 N=16, flags 3 and 11 (tokens/s, and whether every output equals plain
+# greedy); bench_model (built-in and Kimi dims); bench_spec's oracle
 # (batch 1, D=8 K=2 N=16: >= 6x plain with every request equal); bench_argmax (tree- vs
 # decode-shaped argmax disagreements on the shipped model); ncu's per-kernel times of one decode
-# step of the shipped model with graphs off (flags 1 against 9); tests/test_model_cuda.
+# step of the shipped model with graphs off (flags 1 against 9).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kdt-forward2}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
-DEADLINE=${DEADLINE:-400}
+DEADLINE=${DEADLINE:-405}
 JOBS=${JOBS:-16}
 MODEL=models/kdt-small
 NEW=11 OLD=3  # flags: this branch's default, main's default
-npass=0 nfail=0 nskip=0
-say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
-# step NAME LIMIT CMD...: CMD under a time limit (cut to what is left before DEADLINE), logged.
-step() {
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS left=$((DEADLINE - SECONDS))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt 10 ]; then say "SKIP  $name (out of time: ${left}s left)"; nskip=$((nskip + 1)); return 124; fi
-    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    local rc=$?
-    local verdict=PASS
-    [ $rc -ne 0 ] && verdict=FAIL
-    [ $rc -eq 124 ] && verdict="FAIL (timed out at ${limit}s)"
-    say "$verdict  $name (exit $rc, $((SECONDS - t0)) s)"
-    [ $rc -eq 0 ] && npass=$((npass + 1)) || nfail=$((nfail + 1))
-    return $rc
-}
-test_counts() {
-    local log="$LOGS/$1.log"
-    say "      $(grep -c '^PASS ' "$log") PASS, $(grep -c '^FAIL ' "$log") FAIL, $(grep -c '^SKIP ' "$log") SKIP"
-    grep -E '^FAIL ' "$log" | head -8 | sed 's/^/      /' | tee -a "$OUT/summary.txt"
-}
+source scripts/gpu_step.sh  # say, step, test_counts
 
 : >"$OUT/summary.txt"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); flags $NEW (new) against $OLD (main's default)"
@@ -62,7 +43,11 @@ step build 200 make -j"$JOBS" "${MAKEVARS[@]}" "$T/test_model_graph" "$T/test_mo
 step test_model_graph 80 "$T/test_model_graph"
 test_counts test_model_graph
 
-# 2. kdt generate on the shipped model, batch 1, greedy, 256 new tokens.
+# 2. The model's older tests on the new default.
+step test_model_cuda 60 "$T/test_model_cuda"
+test_counts test_model_cuda
+
+# 3. kdt generate on the shipped model, batch 1, greedy, 256 new tokens.
 gen() { # gen NAME FLAGS PROMPT_IDS [spec args]
     local name=$1 flags=$2 ids=$3; shift 3
     KDT_MODEL_FLAGS=$flags step "$name" 30 "$BUILD/kdt" generate --model "$MODEL" --backend cuda --prompt-ids "$ids" --max-new 256 "$@"
@@ -94,14 +79,14 @@ for i in 1 2 3 4; do
 done
 say "INFO  generate: plain output of flags $NEW equals flags $OLD's on $same of 4 prompts (bf16: other summation orders may flip a near-tie)"
 
-# 3. bench_model: built-in and Kimi dims.
+# 4. bench_model: built-in and Kimi dims.
 for f in $NEW $OLD; do
-    KDT_MODEL_FLAGS=$f step "bench_model_flags$f" 80 "$B/bench_model" --out "$OUT/bench_model_flags$f.md" &&
+    KDT_MODEL_FLAGS=$f step "bench_model_flags$f" 60 "$B/bench_model" --out "$OUT/bench_model_flags$f.md" &&
         grep -E '^\| +(1|8|32) \|' "$OUT/bench_model_flags$f.md" | sed "s/^/      flags $f /" | tee -a "$OUT/summary.txt"
 done
 say "      columns: B | prefill tokens | prefill ms | prefill tok/s | decode ms | decode tok/s | verify ms | verify rows/s | decode floor ms | x floor | verify floor ms | x floor (built-in model first, then Kimi dims)"
 
-# 4. bench_spec's oracle, batch 1: the loop's ceiling, every request equal to plain greedy.
+# 5. bench_spec's oracle, batch 1: the loop's ceiling, every request equal to plain greedy.
 for f in $NEW; do
     KDT_MODEL_FLAGS=$f step "bench_spec_oracle_flags$f" 70 "$B/bench_spec" --batches 1 --drafters oracle \
         --out "$OUT/bench_spec_flags$f.md" || continue
@@ -113,13 +98,13 @@ for f in $NEW; do
         say "FAIL  oracle D=8 K=2 N=16 flags $f: ${x}x plain (target >= 6), = greedy: $eq"
 done
 
-# 5. Tree- against decode-shaped argmax on the shipped model.
+# 6. Tree- against decode-shaped argmax on the shipped model.
 for f in $NEW $OLD; do
     KDT_MODEL_FLAGS=$f step "bench_argmax_flags$f" 40 "$B/bench_argmax" --model "$MODEL" --limit 16 --steps 64 --tree 16 \
         --out "$OUT/bench_argmax_flags$f.md" && say "      flags $f: $(grep '^total' "$LOGS/bench_argmax_flags$f.log")"
 done
 
-# 6. ncu: per-kernel GPU time of one decode step, graphs off (flags 1: main's device MoE; 9: + fused).
+# 7. ncu: per-kernel GPU time of one decode step, graphs off (flags 1: main's device MoE; 9: + fused).
 # Each forward starts with the embedding kernel: the third forward (the second decode step) is listed.
 ncu_step() { # ncu_step FLAGS
     KDT_MODEL_FLAGS=$1 step "ncu_flags$1" 60 ncu --csv --clock-control none --metrics gpu__time_duration.sum --launch-count 700 \
@@ -148,9 +133,5 @@ EOF
 }
 ncu_step 9
 ncu_step 1
-
-# 7. The model's older tests on the new default.
-step test_model_cuda 90 "$T/test_model_cuda"
-test_counts test_model_cuda
 
 say "gpu_forward2: $npass passed, $nfail failed, $nskip skipped in $SECONDS s (logs: $LOGS)"
