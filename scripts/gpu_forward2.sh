@@ -36,7 +36,7 @@ source scripts/gpu_step.sh  # say, step, test_counts
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); flags $NEW (new) against $OLD (main's default)"
 
 T="$BUILD/tests" B="$BUILD/bench"
-step build 200 make -j"$JOBS" "${MAKEVARS[@]}" "$T/test_model_graph" "$T/test_model_cuda" "$B/bench_model" "$B/bench_spec" \
+step build 220 make -j"$JOBS" "${MAKEVARS[@]}" "$T/test_model_graph" "$T/test_model_cuda" "$B/bench_model" "$B/bench_spec" \
     "$B/bench_argmax" "$BUILD/kdt" || tail -30 "$LOGS/build.log"
 
 # 1. Determinism and the new path against cuBLAS.

@@ -611,14 +611,17 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     const bool large = 3ull * (uint64_t)d.hid * (uint64_t)I * d.es >= MOE_LARGE_EXPERT_BYTES;
     const int64_t rows_per_expert = large ? MOE_LARGE_ROWS_PER_EXPERT : MOE_SMALL_ROWS_PER_EXPERT;
     f.fused = (m->flags & KDT_MODEL_FUSED) != 0;
+    const bool few_rows = d.R * d.K <= rows_per_expert * d.E;
     const bool few_macs = f.fused && !large && d.R * d.K * 3 * d.hid * I <= MOE_DEVICE_MAX_MACS;
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
-                  (d.R * d.K <= rows_per_expert * d.E || few_macs);
+                  (few_rows || few_macs);
     f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
     f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;
-    if ((m->flags & KDT_MODEL_GRAPHS) && (f.moe_small || !has_moe(m))) {
+    /* Prefill-sized forwards on the device MoE (few_macs) run directly: their shapes follow the
+     * prompts, and a graph per prompt length would pile up. */
+    if ((m->flags & KDT_MODEL_GRAPHS) && ((f.moe_small && few_rows) || !has_moe(m))) {
         int32_t n_key = 0;
         int64_t *key = graph_key(f, &n_key);
         if (!key) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");
