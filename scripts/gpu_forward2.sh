@@ -15,7 +15,8 @@
 # greedy); bench_model (built-in and Kimi dims); bench_spec's oracle
 # (batch 1, D=8 K=2 N=16: >= 6x plain with every request equal); bench_argmax (tree- vs
 # decode-shaped argmax disagreements on the shipped model); ncu's per-kernel times of one decode
-# step of the shipped model with graphs off (flags 1 against 9).
+# step of the shipped model with graphs off (flags 1 against 9); bench_model with flags 15 (+ GEMV)
+# if time is left.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kdt-forward2}
@@ -133,5 +134,10 @@ EOF
 }
 ncu_step 9
 ncu_step 1
+
+# 8. If time is left: the small-batch kernel for every projection (KDT_MODEL_GEMV) on top, for Kimi's
+# large ones (cuBLAS's GEMV-shaped GEMMs against it at 1 to 16 rows).
+KDT_MODEL_FLAGS=15 step bench_model_flags15 60 "$B/bench_model" --out "$OUT/bench_model_flags15.md" &&
+    grep -E '^\| +(1|8|32) \|' "$OUT/bench_model_flags15.md" | sed "s/^/      flags 15 /" | tee -a "$OUT/summary.txt"
 
 say "gpu_forward2: $npass passed, $nfail failed, $nskip skipped in $SECONDS s (logs: $LOGS)"

@@ -11,9 +11,9 @@
  * lane, lane + 32, ... then a butterfly over the warp). So each output has one summation order,
  * whatever the timing: the kernels are deterministic. More than kRows rows stream the weights
  * again (from L2 for the most part); an expert's rows are cut in slices of kSliceRows, a block
- * each (grid z), so that prefill-sized batches of small experts spread over the SMs. kRows is the least of 1, 4, 16 that covers the batch's rows
- * (an expert has at most one assignment per row): fewer accumulators, more blocks per SM, more
- * loads in flight at decode. The kernel itself is in moe.cuh (run on CPU threads by
+ * each (grid z), so that prefill-sized batches of small experts spread over the SMs. kRows is the
+ * least of 1, 4, 16 that covers the batch's rows (an expert has at most one assignment per row):
+ * fewer accumulators, more blocks per SM, more loads in flight at decode. The kernel itself is in moe.cuh (run on CPU threads by
  * tests/test_model_moe_emu.cc). */
 #include "common/cuda/cuda_common.cuh"
 #include "model/cuda/kernels.h"
