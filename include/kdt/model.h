@@ -109,9 +109,10 @@ KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (
                               in the device MoE's kernel instead of cuBLAS: an experiment, deterministic */
 #define KDT_MODEL_FUSED 8u /* fewer launches: a MoE layer's routing of at most 64 rows in one block (the f32 router
                               scores too where the router is at most 64 KB), the q_a norm in the cache append's
-                              launch, products of at most 16 rows with weights under 8 MB in the small-batch kernel;
-                              with KDT_MODEL_MOE_DEVICE, experts under 32 MB on the device kernels up to 2^30 routed
-                              multiply-adds (prefill of the small models). Deterministic */
+                              launch; for at most 16 rows and weights under 8 MB, the query's rope with the W_UK
+                              absorb and the projections in the small-batch kernel; with KDT_MODEL_MOE_DEVICE,
+                              experts under 32 MB on the device kernels up to 2^30 routed multiply-adds (prefill
+                              of the small models). Deterministic */
 KDT_API kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags);
 KDT_API uint32_t   kdt_model_flags(const kdt_model *m);
 /* Forwards replayed from a graph and graphs captured so far (0 on the CPU). */

@@ -390,9 +390,15 @@ kdt_status attention(Fwd &f, int32_t l) {
         q = u.q;
         q_ld = (int64_t)d.H * d.qk;
     }
-    TRY(kdt_mk_q_prep(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, u.qn, u.qabs, d.dt, f.s));
-    if (d.nope) TRY(absorb_query(h, d, L->kv_b, u.qn, u.qabs));
-    else KDT_CUDA_CHECK(cudaMemset2DAsync(u.qabs, (size_t)d.Dqk * d.es, 0, (size_t)d.Dv * d.es, (size_t)(d.R * d.H), f.s));
+    /* With f.fused and a small kv_b, q_prep and the absorb GEMM are one launch. */
+    if (d.nope && small_product(f, d.R, (int64_t)d.H * (d.nope + d.vd), d.Dv, false)) {
+        TRY(kdt_mk_q_absorb(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, L->kv_b, d.vd, u.qabs, d.dt,
+                            f.s));
+    } else {
+        TRY(kdt_mk_q_prep(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, u.qn, u.qabs, d.dt, f.s));
+        if (d.nope) TRY(absorb_query(h, d, L->kv_b, u.qn, u.qabs));
+        else KDT_CUDA_CHECK(cudaMemset2DAsync(u.qabs, (size_t)d.Dqk * d.es, 0, (size_t)d.Dv * d.es, (size_t)(d.R * d.H), f.s));
+    }
     for (int32_t i = 0; i < f.plan->n_calls; i++) {
         const Call &k = f.plan->calls[i];
         kdt_verify_attn_params p = {};

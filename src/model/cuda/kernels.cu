@@ -111,6 +111,34 @@ __global__ void q_prep_kernel(const float *q, int64_t q_ld, const float *cs, con
     }
 }
 
+/* q_prep and the W_UK absorb in one launch, for small batches. Block (r * H + h, y): columns
+ * [y * blockDim.x, +blockDim.x) of Dv of qabs[r, h] = q_nope . W_UK_h (q_nope rounded to T first,
+ * as the GEMM of the unfused path reads it; f32 sums in order over nope, so a row has the same bits
+ * in any batch), W_UK_h the first nope rows of head h of kv_b [H, nope + vd, Dv]; blocks y == 0
+ * also write rope(q_rope) from column Dv, as q_prep. Shared: nope floats. */
+template <typename T>
+__global__ void q_absorb_kernel(const float *q, int64_t q_ld, const float *cs, const float *sn, int H, int nope, int rope, int Dv,
+                                int interleave, const T *kv_b, int vd, T *qabs) {
+    extern __shared__ float qs[];
+    const int64_t rh = blockIdx.x, r = rh / H;
+    const int h = (int)(rh % H), half = rope / 2;
+    const float *qh = q + r * q_ld + (int64_t)h * (nope + rope);
+    for (int i = threadIdx.x; i < nope; i += blockDim.x) qs[i] = to_f32(from_f32<T>(qh[i]));
+    __syncthreads();
+    T *out = qabs + rh * (Dv + rope);
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j < Dv) {
+        const T *w = kv_b + (int64_t)h * (nope + vd) * Dv + j;
+        float acc = 0.f;
+#pragma unroll 32
+        for (int i = 0; i < nope; i++) acc = fmaf(qs[i], to_f32(w[(int64_t)i * Dv]), acc);
+        out[j] = from_f32<T>(acc);
+    }
+    if (blockIdx.y == 0)
+        for (int k = threadIdx.x; k < rope; k += blockDim.x)
+            out[Dv + k] = from_f32<T>(rope_at(qh + nope, k, half, cs[r * half + k % half], sn[r * half + k % half], interleave));
+}
+
 /* Block (r, 0): row r's latent cache row. Block (r, 1), with q_in: the q_a norm of the same
  * projection's row, so that both norms of [q_a | kv_a] are one launch. */
 template <typename T>
@@ -301,6 +329,23 @@ extern "C" kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *c
              (q_prep_kernel<<<g, kThreads, 0, s>>>(q, q_ld, cs, sn, R, H, nope, rope, Dv, interleave, (bf16 *)qn,
                                                    (bf16 *)qabs)));
     KDT_CUDA_CHECK_LAUNCH("q_prep");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_q_absorb(const float *q, int64_t q_ld, const float *cs, const float *sn, int64_t R, int32_t H,
+                                      int32_t nope, int32_t rope, int32_t Dv, int interleave, const void *kv_b, int32_t vd, void *qabs,
+                                      kdt_dtype dt, cudaStream_t s) {
+    if (R == 0) return KDT_OK;
+    constexpr int kCols = 128;
+    const dim3 grid((unsigned)(R * H), (unsigned)((Dv + kCols - 1) / kCols));
+    const size_t smem = (size_t)nope * sizeof(float);
+    if (smem > 48 * 1024) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: qk_nope_head_dim %d is too large to absorb here", nope);
+    BY_DTYPE(dt,
+             (q_absorb_kernel<<<grid, kCols, smem, s>>>(q, q_ld, cs, sn, H, nope, rope, Dv, interleave, (const float *)kv_b, vd,
+                                                         (float *)qabs)),
+             (q_absorb_kernel<<<grid, kCols, smem, s>>>(q, q_ld, cs, sn, H, nope, rope, Dv, interleave, (const bf16 *)kv_b, vd,
+                                                         (bf16 *)qabs)));
+    KDT_CUDA_CHECK_LAUNCH("q_absorb");
     return KDT_OK;
 }
 
