@@ -31,6 +31,7 @@
 #include "kdt/kdt.h"
 #include "kdt/model.h"
 #include "kdt/spec.h"
+#include "bench_prompts.h"
 
 #define MAX_PREFIX 4
 
@@ -43,48 +44,6 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* ---- prompts ---- */
-
-typedef struct prompts {
-    int32_t **ids;
-    int32_t *len;
-    int n;
-} prompts;
-
-/* One prompt per non-empty line; ids separated by spaces or commas. */
-static int read_prompts(const char *path, int limit, int32_t vocab, prompts *p) {
-    FILE *f = fopen(path, "r");
-    if (!f) { fprintf(stderr, "bench_drafters: %s: %s\n", path, strerror(errno)); return -1; }
-    char *line = NULL;
-    size_t cap = 0;
-    int lineno = 0;
-    while (p->n < limit && getline(&line, &cap, f) > 0) {
-        lineno++;
-        int32_t *ids = NULL;
-        int n = 0, room = 0;
-        for (char *s = line, *end; *s;) {
-            if (*s == ' ' || *s == ',' || *s == '\t' || *s == '\n' || *s == '\r') { s++; continue; }
-            long v = strtol(s, &end, 10);
-            if (end == s || v < 0 || v >= vocab) {
-                fprintf(stderr, "bench_drafters: %s:%d: not a token id below %d: %.20s\n", path, lineno, (int)vocab, s);
-                free(ids), free(line), fclose(f);
-                return -1;
-            }
-            if (n == room) ids = realloc(ids, (size_t)(room = room ? 2 * room : 64) * sizeof *ids);
-            ids[n++] = (int32_t)v;
-            s = end;
-        }
-        if (!n) continue;
-        p->ids = realloc(p->ids, (size_t)(p->n + 1) * sizeof *p->ids);
-        p->len = realloc(p->len, (size_t)(p->n + 1) * sizeof *p->len);
-        p->ids[p->n] = ids;
-        p->len[p->n++] = n;
-    }
-    free(line);
-    fclose(f);
-    return 0;
 }
 
 /* ---- drafters and the grid ---- */
@@ -234,7 +193,7 @@ int main(int argc, char **argv) {
     const int n_gr = strcmp(grid, "full") ? (int)(sizeof GRID_SMALL / sizeof GRID_SMALL[0]) : n_full;
 
     prompts p = {0};
-    if (read_prompts(prompts_path, limit, tc->vocab_size, &p) || !p.n) {
+    if (read_prompts("bench_drafters", prompts_path, limit, tc->vocab_size, &p) || !p.n) {
         fprintf(stderr, "bench_drafters: no prompts from %s\n", prompts_path);
         return 1;
     }

@@ -4,7 +4,7 @@
  * step split into draft, tree build, verify forward, accept and commit.
  *
  *   build/bench/bench_spec [--out FILE] [--layers 4] [--experts 16] [--vocab 163840] [--batches 1,8,32]
- *                          [--prompt 64] [--new 96] [--f32] [--backend cuda|cpu]
+ *                          [--prompt 64] [--new 96] [--f32] [--backend cuda|cpu] [--drafters oracle,lookup,model]
  *
  * The model is bench/bench_model.cu's, made by the model's device builder
  * (kdt_model_random_cuda: uniform weights, scale 1 / sqrt(fan_in), each tensor from its own
@@ -14,7 +14,8 @@
  * since the LM head over every tree row is part of what a step costs, and 4 layers. The builder
  * makes the tensors in a fixed order, so the same seed with num_hidden_layers = 1 is the target's
  * first layer with its embedding and LM head: the "first layer" draft model. --backend cpu runs
- * the built-in model instead (a check of this program, without the first-layer rows).
+ * the built-in model instead (a check of this program, without the first-layer rows). --drafters
+ * keeps the runs of the drafters it names (the first word of each; plain greedy always runs).
  *
  * Random weights make a draft model's acceptance meaningless, so the table reads as follows:
  * - lookup: prompts are a 16-token phrase repeated; the random target falls into loops of its
@@ -150,8 +151,17 @@ static kdt_spec_stats run_once(kdt_model *m, kdt_drafter *dr, const run *r, batc
     return st;
 }
 
+/* Whether the comma-separated list names drafter (its first word). */
+static int named(const char *list, const char *drafter) {
+    const size_t n = strcspn(drafter, " ");
+    for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        if (strcspn(p, ",") == n && !strncmp(p, drafter, n)) return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    const char *out_path = NULL, *batches_arg = "1,8,32";
+    const char *out_path = NULL, *batches_arg = "1,8,32", *drafters_arg = NULL;
     int layers = 4, experts = 16, vocab = 163840, P = 64, NEW = 96;
     kdt_backend be = KDT_BACKEND_CUDA;
     kdt_dtype dt = KDT_BF16;
@@ -162,6 +172,7 @@ int main(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--out")) out_path = v;
         else if (!strcmp(a, "--batches")) batches_arg = v;
+        else if (!strcmp(a, "--drafters")) drafters_arg = v;
         else if (!strcmp(a, "--layers")) layers = atoi(v);
         else if (!strcmp(a, "--experts")) experts = atoi(v);
         else if (!strcmp(a, "--vocab")) vocab = atoi(v);
@@ -237,6 +248,7 @@ int main(int argc, char **argv) {
         double base = 0;
         for (int r = 0; r < n_runs; r++) {
             if (strstr(runs[r].drafter, "first") && !small) continue;
+            if (r > 0 && drafters_arg && !named(drafters_arg, runs[r].drafter)) continue;
             kdt_drafter *dr = !strcmp(runs[r].drafter, "none")     ? NULL
                               : !strcmp(runs[r].drafter, "oracle") ? &ord
                               : !strcmp(runs[r].drafter, "lookup") ? lookup

@@ -1,13 +1,14 @@
-/* The CUDA forward's options (KDT_MODEL_MOE_DEVICE, KDT_MODEL_GRAPHS; SKIP where no CUDA device
- * is present). One sequence of forwards per run: a prefill of every request, decode steps of one
+/* The CUDA forward's options (KDT_MODEL_MOE_DEVICE, KDT_MODEL_GRAPHS, KDT_MODEL_FUSED; SKIP where no CUDA
+ * device is present). One sequence of forwards per run: a prefill of every request, decode steps of one
  * token each, then verification of a 7-row tree per request three times (truncated back after
- * each), so that every decode and tree shape is seen, captured and replayed. Checks, at batch 1
- * and 32, f32 and bf16, on the built-in model and on a wider random model (several 2 KB chunks per
+ * each), so that every decode and tree shape is seen, captured and replayed. Checks, at batch 1,
+ * 8 and 32, f32 and bf16, on the built-in model and on a wider random model (several 2 KB chunks per
  * row in the MoE kernels, partial column tiles):
- * - run to run: the same sequence twice gives the same bits (plain, device MoE, graphs);
+ * - run to run: the same sequence twice gives the same bits (plain, device MoE, graphs, the fused
+ *   router with the device kernels at prefill sizes);
  * - graphs replay the device-MoE forward bit for bit, with logits in host or device memory, and
  *   with the small-batch projections (KDT_MODEL_GEMV), and replays did happen;
- * - the device MoE, and the device MoE with the small-batch projections, against cuBLAS: every row
+ * - the device MoE, with the small-batch projections or the fused router, against cuBLAS: every row
  *   within 1e-4 relative L2 in f32; in bf16 the median row within 2e-2 (another summation order
  *   can flip a router near-tie: test_model_cuda.c). */
 #include <math.h>
@@ -157,17 +158,22 @@ static void check_model(kdt_model *m, const char *name, kdt_dtype dt, int32_t B)
     kdt_model_graph_counts(m, &rep1, &cap1);
     float *gv = run_seq(m, KDT_MODEL_MOE_DEVICE | KDT_MODEL_GEMV, &q, 0, what);
     float *gvg = run_seq(m, KDT_MODEL_GRAPHS | KDT_MODEL_GEMV, &q, 1, what);
+    float *fu = run_seq(m, KDT_MODEL_MOE_DEVICE | KDT_MODEL_FUSED, &q, 0, what);
+    float *fu2 = run_seq(m, KDT_MODEL_MOE_DEVICE | KDT_MODEL_FUSED, &q, 0, what);
+    float *fug = run_seq(m, KDT_MODEL_GRAPHS | KDT_MODEL_FUSED, &q, 1, what);
     kt_check(same_bits(plain, plain2, n), "%s: cuBLAS MoE path, run to run: identical bits", what);
     kt_check(same_bits(dev, dev2, n), "%s: device MoE, run to run: identical bits", what);
     kt_check(same_bits(gr, dev, n), "%s: graphs (host logits) = device MoE without graphs, bit for bit", what);
     kt_check(same_bits(grd, dev, n), "%s: graphs (device logits) = device MoE without graphs, bit for bit", what);
     kt_check(same_bits(gvg, gv, n), "%s: small-batch projections: graphs = without graphs, bit for bit", what);
+    kt_check(same_bits(fu, fu2, n), "%s: fused router, run to run: identical bits", what);
+    kt_check(same_bits(fug, fu, n), "%s: fused router: graphs (device logits) = without graphs, bit for bit", what);
     kt_check(rep1 - rep0 >= 2 * (STEPS - 2) && cap1 > cap0, "%s: %lld forwards replayed from %lld captured graphs%s%s", what,
              (long long)(rep1 - rep0), (long long)(cap1 - cap0), cap1 > cap0 ? "" : "; last error: ",
              cap1 > cap0 ? "" : kdt_last_error());
-    const float *got[2] = {dev, gv};
-    const char *names[2] = {"device MoE", "device MoE + small-batch projections"};
-    for (int k = 0; k < 2 && plain; k++) {
+    const float *got[3] = {dev, gv, fu};
+    const char *names[3] = {"device MoE", "device MoE + small-batch projections", "device MoE + fused router"};
+    for (int k = 0; k < 3 && plain; k++) {
         if (!got[k]) continue;
         const double tol = dt == KDT_BF16 ? 2e-2 : 1e-4;
         double worst, median;
@@ -181,6 +187,9 @@ static void check_model(kdt_model *m, const char *name, kdt_dtype dt, int32_t B)
     }
     free(gv);
     free(gvg);
+    free(fu);
+    free(fu2);
+    free(fug);
     free(plain);
     free(plain2);
     free(dev);
@@ -205,14 +214,14 @@ int main(void) {
         return kt_exit_code();
     }
     const kdt_dtype dts[2] = {KDT_F32, KDT_BF16};
-    const int32_t batches[2] = {1, 32};
+    const int32_t batches[3] = {1, 8, 32};
     for (int i = 0; i < 2; i++) {
         kdt_model *m = NULL;
         if (kdt_model_builtin_as(0x4B44542D4B324DULL, KDT_BACKEND_CUDA, dts[i], &m) != KDT_OK) {
             kt_fail("built-in model: %s", kdt_last_error());
             continue;
         }
-        for (int j = 0; j < 2; j++) check_model(m, "built-in model", dts[i], batches[j]);
+        for (int j = 0; j < 3; j++) check_model(m, "built-in model", dts[i], batches[j]);
         kdt_model_free(m);
     }
     kdt_model_config cfg;
@@ -226,7 +235,7 @@ int main(void) {
             kt_fail("wide model: %s", kdt_last_error());
             continue;
         }
-        for (int j = 0; j < 2; j++) check_model(m, "wide random model", dts[i], batches[j]);
+        for (int j = 0; j < 3; j++) check_model(m, "wide random model", dts[i], batches[j]);
         kdt_model_free(m);
     }
     return kt_exit_code();

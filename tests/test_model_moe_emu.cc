@@ -4,7 +4,7 @@
  * a double-precision reference of the same products (bf16 inputs as the kernel reads them): the
  * routed form (gate/up with the SiLU product, then down) and the dense form (one "expert" of all
  * rows, down added to its output), in f32 and bf16, with partial column tiles, rows longer than
- * one staged chunk, experts with more rows than one pass holds; and a row's outputs have the same
+ * one staged chunk, experts with more rows than one pass holds or one block's slice (grid z); and a row's outputs have the same
  * bits alone and inside a batch. A GPU run proves the compiled kernel (test_model_graph). */
 /* The kernel reads bf16 and f32 arrays through uint4 / float4 lvalues, as CUDA code does. */
 #pragma GCC optimize("no-strict-aliasing")
@@ -78,9 +78,9 @@ static float __shfl_xor_sync(unsigned, float v, int mask) {
 
 /* ---- emulated launches ---- */
 
-/* Runs kern() as a grid (gx, gy) of kThreads-thread blocks, one block at a time. */
+/* Runs kern() as a grid (gx, gy, gz) of kThreads-thread blocks, one block at a time. */
 template <typename F>
-static void launch(unsigned gx, unsigned gy, F kern) {
+static void launch(unsigned gx, unsigned gy, unsigned gz, F kern) {
     std::barrier<> block(kThreads);
     g_block = &block;
     for (int w = 0; w < kWarps; w++) g_warp[w] = new std::barrier<>(32);
@@ -88,12 +88,13 @@ static void launch(unsigned gx, unsigned gy, F kern) {
     for (unsigned t = 0; t < (unsigned)kThreads; t++)
         th.emplace_back([=, &block] {
             threadIdx = {t, 0, 0};
-            for (unsigned by = 0; by < gy; by++)
-                for (unsigned bx = 0; bx < gx; bx++) {
-                    blockIdx = {bx, by, 0};
-                    kern();
-                    block.arrive_and_wait(); /* the block is over before the next one stages */
-                }
+            for (unsigned bz = 0; bz < gz; bz++)
+                for (unsigned by = 0; by < gy; by++)
+                    for (unsigned bx = 0; bx < gx; bx++) {
+                        blockIdx = {bx, by, bz};
+                        kern();
+                        block.arrive_and_wait(); /* the block is over before the next one stages */
+                    }
         });
     for (auto &x : th) x.join();
     for (int w = 0; w < kWarps; w++) delete g_warp[w];
@@ -144,8 +145,9 @@ static std::vector<float> run_case(const char *name, int R, int K, int E, int hi
     T *ap = act.data();
     float *yp = out.data();
     const unsigned gy = dense ? 1u : (unsigned)E, gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
-    launch((I + gu_cols - 1) / gu_cols, gy, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, wg, hid, I, ap, R, false); });
-    launch((hid + down_cols - 1) / down_cols, gy,
+    const unsigned gz = (unsigned)((R + kSliceRows - 1) / kSliceRows); /* as moe.cu's slices() */
+    launch((I + gu_cols - 1) / gu_cols, gy, gz, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, wg, hid, I, ap, R, false); });
+    launch((hid + down_cols - 1) / down_cols, gy, gz,
            [=] { moe_small_kernel<T, false, kRows>(ap, pp, K, cp, op, wdp, I, hid, yp, R, dense); });
     double err_act = 0, err_out = 0;
     for (int p = 0; p < n; p++) {
@@ -184,6 +186,7 @@ int main() {
     run_case<bf16, 1>("routed, gate/up rows of 2 chunks", 1, 1, 3, 1040, 24, false);
     run_case<float, 4>("routed, down rows of 2 chunks", 4, 1, 2, 40, 520, false);
     run_case<bf16, 16>("routed, 2 passes", 20, 1, 1, 64, 24, false);
+    run_case<bf16, 16>("routed, 2 row slices", kSliceRows + 3, 1, 1, 16, 8, false);
     run_case<bf16, 4>("dense", 3, 1, 1, 48, 24, true);
     run_case<float, 16>("dense", 16, 1, 1, 64, 40, true);
     /* Row 0 routed to the same expert alone and in a batch of 12 (other rows share it). */

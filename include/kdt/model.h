@@ -95,7 +95,7 @@ KDT_API const kdt_model_config *kdt_model_get_config(const kdt_model *m);
 KDT_API kdt_backend kdt_model_backend(const kdt_model *m);
 KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (also the cache's) */
 /* Options of the CUDA forward (bits; the CPU backend ignores them). A model starts with
- * $KDT_MODEL_FLAGS (a number) where set, else KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS.
+ * $KDT_MODEL_FLAGS (a number) where set, else KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_FUSED.
  *   KDT_MODEL_MOE_DEVICE: MoE layers of batches with at most 16 rows per expert on average (2 for
  *     experts of 32 MB and more, where cuBLAS is faster past that; decode,
  *     verification) run the routed experts in two kernels reading the routing from device memory,
@@ -108,6 +108,12 @@ KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (
 #define KDT_MODEL_GRAPHS 2u
 #define KDT_MODEL_GEMV 4u  /* the projections (q_b, o, dense MLPs, LM head) of batches of at most 16 rows
                               in the device MoE's kernel instead of cuBLAS: an experiment, deterministic */
+#define KDT_MODEL_FUSED 8u /* fewer launches: a MoE layer's routing of at most 64 rows in one block (the f32 router
+                              scores too where the router is at most 64 KB), the q_a norm in the cache append's
+                              launch; for at most 16 rows and weights under 8 MB, the query's rope with the W_UK
+                              absorb and the projections in the small-batch kernel; with KDT_MODEL_MOE_DEVICE,
+                              experts under 32 MB on the device kernels up to 2^30 routed multiply-adds (prefill
+                              of the small models). Deterministic */
 KDT_API kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags);
 KDT_API uint32_t   kdt_model_flags(const kdt_model *m);
 /* Forwards replayed from a graph and graphs captured so far (0 on the CPU). */

@@ -23,6 +23,7 @@
 #include "kdt/ops.h"
 #include "model/cuda.h"
 #include "model/cuda/kernels.h"
+#include "model/cuda/route.h"
 
 #define KDT_CUBLAS_CHECK(call)                                                                   \
     do {                                                                                         \
@@ -56,6 +57,13 @@
 #define MOE_LARGE_EXPERT_BYTES (32ull << 20)
 #define MOE_LARGE_ROWS_PER_EXPERT 2
 #define GEMV_MAX_ROWS 16
+/* With KDT_MODEL_FUSED, experts under MOE_LARGE_EXPERT_BYTES take moe.cu's kernels at any batch
+ * whose routed products stay under this many multiply-adds (CUDA cores, about 100 us): a
+ * prefill of the small models then has no host wait and no per-expert GEMMs. */
+#define MOE_DEVICE_MAX_MACS (1ll << 30)
+/* With KDT_MODEL_FUSED, products of at most GEMV_MAX_ROWS rows with weights up to this size run
+ * moe.cu's small-batch kernel (every projection of the shipped model; none of Kimi's). */
+#define GEMV_SMALL_WEIGHT_BYTES (8ull << 20)
 
 struct kdt_cuda_ctx {
     cublasHandle_t blas;
@@ -337,14 +345,25 @@ struct Fwd {
     cudaStream_t s;
     bool moe_small;              /* MoE layers run moe.cu's kernels: no host wait */
     bool gemv;                   /* projections run moe.cu's small-batch kernel (KDT_MODEL_GEMV) */
+    bool fused;                  /* KDT_MODEL_FUSED: route.cu's one-launch router where it fits */
     bool all;                    /* logits of every row (else of each request's last row) */
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
 };
 
+/* Whether a product of M rows with W [N, K] runs moe.cu's small-batch kernel: with f.gemv
+ * (any_size: the projections KDT_MODEL_GEMV names), or with f.fused where W is so small that
+ * the launch, not the bandwidth, is the cost (the small models: cuBLAS has no edge there, and the
+ * kernel gives a row the same bits in a decode step and in a tree). */
+bool small_product(const Fwd &f, int64_t M, int64_t N, int64_t K, bool any_size) {
+    if (M > GEMV_MAX_ROWS || K % 8 != 0 || N > INT_MAX || K > INT_MAX) return false;
+    return (f.gemv && any_size) || (f.fused && (uint64_t)N * (uint64_t)K * f.d.es <= GEMV_SMALL_WEIGHT_BYTES);
+}
+
 /* y [M, N] f32 (+)= x [M, K] (dt) . W^T, W [N, K] (dt), all contiguous: gemm(), or moe.cu's
- * small-batch kernel when f.gemv. */
-kdt_status proj(Fwd &f, int64_t M, int64_t N, int64_t K, const void *W, const void *x, float *y, float beta) {
-    if (f.gemv && M <= GEMV_MAX_ROWS && K % 8 == 0 && N <= INT_MAX && K <= INT_MAX)
+ * small-batch kernel where small_product says so. */
+kdt_status proj(Fwd &f, int64_t M, int64_t N, int64_t K, const void *W, const void *x, float *y, float beta,
+                bool any_size = true) {
+    if (small_product(f, M, N, K, any_size))
         return kdt_mk_dense_small((int32_t)M, x, W, (int32_t)K, (int32_t)N, 0, y, beta != 0.0f, f.d.dt, f.s);
     return gemm(f.x->blas, M, N, K, W, f.d.ct, K, x, f.d.ct, K, y, CUDA_R_32F, N, beta);
 }
@@ -357,20 +376,29 @@ kdt_status attention(Fwd &f, int32_t l) {
     const kdt_model_config *cf = &f.m->cfg;
     cublasHandle_t h = f.x->blas;
     /* [q_a | kv_a] (or [q_proj | kv_a]) of the normed rows: a_out [R, Wa] f32 */
-    TRY(gemm(h, d.R, d.Wa, d.hid, L->attn_in, d.ct, d.hid, u.hn, d.ct, d.hid, u.a_out, CUDA_R_32F, d.Wa, 0.0f));
+    TRY(proj(f, d.R, d.Wa, d.hid, L->attn_in, u.hn, u.a_out, 0.0f, false));
     const float *q = u.a_out;
     int64_t q_ld = d.Wa;
+    /* With f.fused both norms of [q_a | kv_a] (and the cache append) are one launch. */
+    const bool qa_fused = d.ql && f.fused;
+    TRY(kdt_mk_kv_append_qa(u.a_out + d.qw, d.Wa, L->kv_a_norm, LORA_NORM_EPS, u.cs, u.sn, u.slots, d.R, d.Dv, d.rope,
+                            cf->rope_interleave, f.c->dpool[l], qa_fused ? u.a_out : nullptr, L->q_a_norm, d.ql, u.qa, d.dt, f.s));
     if (d.ql) {
-        TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
+        if (!qa_fused)
+            TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
         TRY(proj(f, d.R, (int64_t)d.H * d.qk, d.ql, L->q_b, u.qa, u.q, 0.0f));
         q = u.q;
         q_ld = (int64_t)d.H * d.qk;
     }
-    TRY(kdt_mk_kv_append(u.a_out + d.qw, d.Wa, L->kv_a_norm, LORA_NORM_EPS, u.cs, u.sn, u.slots, d.R, d.Dv, d.rope,
-                         cf->rope_interleave, f.c->dpool[l], d.dt, f.s));
-    TRY(kdt_mk_q_prep(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, u.qn, u.qabs, d.dt, f.s));
-    if (d.nope) TRY(absorb_query(h, d, L->kv_b, u.qn, u.qabs));
-    else KDT_CUDA_CHECK(cudaMemset2DAsync(u.qabs, (size_t)d.Dqk * d.es, 0, (size_t)d.Dv * d.es, (size_t)(d.R * d.H), f.s));
+    /* With f.fused and a small kv_b, q_prep and the absorb GEMM are one launch. */
+    if (d.nope && small_product(f, d.R, (int64_t)d.H * (d.nope + d.vd), d.Dv, false)) {
+        TRY(kdt_mk_q_absorb(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, L->kv_b, d.vd, u.qabs, d.dt,
+                            f.s));
+    } else {
+        TRY(kdt_mk_q_prep(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, u.qn, u.qabs, d.dt, f.s));
+        if (d.nope) TRY(absorb_query(h, d, L->kv_b, u.qn, u.qabs));
+        else KDT_CUDA_CHECK(cudaMemset2DAsync(u.qabs, (size_t)d.Dqk * d.es, 0, (size_t)d.Dv * d.es, (size_t)(d.R * d.H), f.s));
+    }
     for (int32_t i = 0; i < f.plan->n_calls; i++) {
         const Call &k = f.plan->calls[i];
         kdt_verify_attn_params p = {};
@@ -401,7 +429,7 @@ kdt_status attention(Fwd &f, int32_t l) {
 kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
     const Dims &d = f.d;
     const int64_t I = w->inter;
-    if (f.gemv && d.R <= GEMV_MAX_ROWS && d.hid % 8 == 0)
+    if (small_product(f, d.R, 2 * I, d.hid, true))
         TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up, d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
     else {
         TRY(gemm(f.x->blas, d.R, 2 * I, d.hid, w->gate_up, d.ct, d.hid, f.u.hn, d.ct, d.hid, f.u.gu, CUDA_R_32F, 2 * I, 0.0f));
@@ -420,10 +448,19 @@ kdt_status moe(Fwd &f, int32_t l) {
     const kdt_model_config *cf = &f.m->cfg;
     cublasHandle_t h = f.x->blas;
     const int64_t RK = d.R * d.K, I = cf->moe_intermediate_size;
-    TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
-    TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
-                     cf->routed_scaling_factor, u.gi, u.gw, f.s));
-    TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
+    if (f.fused && kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 0)) {
+        const bool scores = kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 1);
+        if (!scores)
+            TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+        TRY(kdt_mk_route_plan(scores ? u.hf : nullptr, L->router, d.hid, u.rlog, L->router_bias, d.R, d.E, cf->n_group,
+                              cf->topk_group, d.K, cf->norm_topk_prob, cf->routed_scaling_factor, u.gi, u.gw, u.counts, u.offs,
+                              u.perm, u.posa, f.s));
+    } else {
+        TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+        TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
+                         cf->routed_scaling_factor, u.gi, u.gw, f.s));
+        TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
+    }
     if (f.moe_small) {
         TRY(kdt_mk_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, L->exp_gate_up, L->exp_down, d.E, d.hid, (int32_t)I, u.act,
                              u.ye, d.dt, f.s));
@@ -579,13 +616,18 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     const int64_t I = m->cfg.moe_intermediate_size;
     const bool large = 3ull * (uint64_t)d.hid * (uint64_t)I * d.es >= MOE_LARGE_EXPERT_BYTES;
     const int64_t rows_per_expert = large ? MOE_LARGE_ROWS_PER_EXPERT : MOE_SMALL_ROWS_PER_EXPERT;
+    f.fused = (m->flags & KDT_MODEL_FUSED) != 0;
+    const bool few_rows = d.R * d.K <= rows_per_expert * d.E;
+    const bool few_macs = f.fused && !large && d.R * d.K * 3 * d.hid * I <= MOE_DEVICE_MAX_MACS;
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
-                  d.R * d.K <= rows_per_expert * d.E;
+                  (few_rows || few_macs);
     f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
     f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;
-    if ((m->flags & KDT_MODEL_GRAPHS) && (f.moe_small || !has_moe(m))) {
+    /* Prefill-sized forwards on the device MoE (few_macs) run directly: their shapes follow the
+     * prompts, and a graph per prompt length would pile up. */
+    if ((m->flags & KDT_MODEL_GRAPHS) && ((f.moe_small && few_rows) || !has_moe(m))) {
         int32_t n_key = 0;
         int64_t *key = graph_key(f, &n_key);
         if (!key) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");

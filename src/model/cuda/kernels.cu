@@ -26,6 +26,8 @@ unsigned grid_for(int64_t n) {
 #define GRID_STRIDE(i, n) \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
+#include "model/cuda/route.cuh"
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -109,10 +111,47 @@ __global__ void q_prep_kernel(const float *q, int64_t q_ld, const float *cs, con
     }
 }
 
+/* q_prep and the W_UK absorb in one launch, for small batches. Block (r * H + h, y): columns
+ * [y * blockDim.x, +blockDim.x) of Dv of qabs[r, h] = q_nope . W_UK_h (q_nope rounded to T first,
+ * as the GEMM of the unfused path reads it; f32 sums in order over nope, so a row has the same bits
+ * in any batch), W_UK_h the first nope rows of head h of kv_b [H, nope + vd, Dv]; blocks y == 0
+ * also write rope(q_rope) from column Dv, as q_prep. Shared: nope floats. */
+template <typename T>
+__global__ void q_absorb_kernel(const float *q, int64_t q_ld, const float *cs, const float *sn, int H, int nope, int rope, int Dv,
+                                int interleave, const T *kv_b, int vd, T *qabs) {
+    extern __shared__ float qs[];
+    const int64_t rh = blockIdx.x, r = rh / H;
+    const int h = (int)(rh % H), half = rope / 2;
+    const float *qh = q + r * q_ld + (int64_t)h * (nope + rope);
+    for (int i = threadIdx.x; i < nope; i += blockDim.x) qs[i] = to_f32(from_f32<T>(qh[i]));
+    __syncthreads();
+    T *out = qabs + rh * (Dv + rope);
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j < Dv) {
+        const T *w = kv_b + (int64_t)h * (nope + vd) * Dv + j;
+        float acc = 0.f;
+#pragma unroll 32
+        for (int i = 0; i < nope; i++) acc = fmaf(qs[i], to_f32(w[(int64_t)i * Dv]), acc);
+        out[j] = from_f32<T>(acc);
+    }
+    if (blockIdx.y == 0)
+        for (int k = threadIdx.x; k < rope; k += blockDim.x)
+            out[Dv + k] = from_f32<T>(rope_at(qh + nope, k, half, cs[r * half + k % half], sn[r * half + k % half], interleave));
+}
+
+/* Block (r, 0): row r's latent cache row. Block (r, 1), with q_in: the q_a norm of the same
+ * projection's row, so that both norms of [q_a | kv_a] are one launch. */
 template <typename T>
 __global__ void kv_append_kernel(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
-                                 const int64_t *slot_rows, int Dv, int rope, int interleave, T *pool) {
+                                 const int64_t *slot_rows, int Dv, int rope, int interleave, T *pool, const float *q_in,
+                                 const float *q_w, int ql, T *qa) {
     const int64_t r = blockIdx.x;
+    if (blockIdx.y == 1) {
+        const float *x = q_in + r * ld;
+        const float inv = rms_inv(x, ql, eps);
+        for (int j = threadIdx.x; j < ql; j += blockDim.x) qa[r * ql + j] = from_f32<T>(q_w[j] * (x[j] * inv));
+        return;
+    }
     const float *x = ckv + r * ld;
     T *dst = pool + slot_rows[r] * (Dv + rope);
     const float inv = rms_inv(x, Dv, eps);
@@ -132,78 +171,12 @@ __global__ void silu_mul_kernel(const float *gu, int64_t n, int I, T *out) {
     }
 }
 
-/* One warp per row. Shared: score [E], choice [E], gscore [G], wsel [K] floats, then taken [E]
- * and gsel [G] bytes. */
+/* One warp per row (route.cuh's route_row); shared: route_scratch_bytes. */
 __global__ void route_kernel(const float *logits, const float *bias, int E, int G, int topk_group, int K, int norm,
                              float scale, int32_t *idx, float *wt) {
     extern __shared__ float sm[];
-    float *score = sm, *choice = score + E, *gscore = choice + E, *wsel = gscore + G;
-    unsigned char *taken = (unsigned char *)(wsel + K), *gsel = taken + E;
     const int64_t r = blockIdx.x;
-    const int lane = threadIdx.x, per = E / G;
-    for (int e = lane; e < E; e += 32) {
-        const float s = 1.0f / (1.0f + expf(-logits[r * E + e]));
-        score[e] = s;
-        choice[e] = s + bias[e];
-        taken[e] = 0;
-    }
-    __syncwarp();
-    for (int g = lane; g < G; g += 32) {
-        float t1 = -INFINITY, t2 = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; e++) {
-            const float c = choice[e];
-            if (c > t1) {
-                t2 = t1;
-                t1 = c;
-            } else if (c > t2) {
-                t2 = c;
-            }
-        }
-        gscore[g] = per >= 2 ? t1 + t2 : t1;
-        gsel[g] = 0;
-    }
-    __syncwarp();
-    if (lane == 0)
-        for (int kept = 0; kept < topk_group; kept++) {
-            int best = -1;
-            for (int g = 0; g < G; g++)
-                if (!gsel[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-            if (best >= 0) gsel[best] = 1;
-        }
-    __syncwarp();
-    float sum = 0.f;
-    for (int k = 0; k < K; k++) {
-        /* This lane's best untaken expert of a kept group (lower index on ties), then the warp's. */
-        int bi = -1;
-        float bv = 0.f;
-        for (int e = lane; e < E; e += 32)
-            if (gsel[e / per] && !taken[e] && (bi < 0 || choice[e] > bv)) {
-                bi = e;
-                bv = choice[e];
-            }
-        for (int o = 16; o > 0; o >>= 1) {
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bi = oi;
-                bv = ov;
-            }
-        }
-        if (lane == 0) {
-            const float w = bi >= 0 ? score[bi] : 0.f;
-            if (bi >= 0) taken[bi] = 1;
-            idx[r * K + k] = bi;
-            wsel[k] = w;
-            sum += w;
-        }
-        __syncwarp();
-    }
-    if (lane == 0)
-        for (int k = 0; k < K; k++) {
-            float w = wsel[k];
-            if (norm) w /= sum + 1e-20f;
-            wt[r * K + k] = w * scale;
-        }
+    route_row(logits + r * E, bias, E, G, topk_group, K, norm, scale, idx + r * K, wt + r * K, sm);
 }
 
 /* Block e counts the assignments of expert e. */
@@ -359,17 +332,43 @@ extern "C" kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *c
     return KDT_OK;
 }
 
+extern "C" kdt_status kdt_mk_q_absorb(const float *q, int64_t q_ld, const float *cs, const float *sn, int64_t R, int32_t H,
+                                      int32_t nope, int32_t rope, int32_t Dv, int interleave, const void *kv_b, int32_t vd, void *qabs,
+                                      kdt_dtype dt, cudaStream_t s) {
+    if (R == 0) return KDT_OK;
+    constexpr int kCols = 128;
+    const dim3 grid((unsigned)(R * H), (unsigned)((Dv + kCols - 1) / kCols));
+    const size_t smem = (size_t)nope * sizeof(float);
+    if (smem > 48 * 1024) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: qk_nope_head_dim %d is too large to absorb here", nope);
+    BY_DTYPE(dt,
+             (q_absorb_kernel<<<grid, kCols, smem, s>>>(q, q_ld, cs, sn, H, nope, rope, Dv, interleave, (const float *)kv_b, vd,
+                                                         (float *)qabs)),
+             (q_absorb_kernel<<<grid, kCols, smem, s>>>(q, q_ld, cs, sn, H, nope, rope, Dv, interleave, (const bf16 *)kv_b, vd,
+                                                         (bf16 *)qabs)));
+    KDT_CUDA_CHECK_LAUNCH("q_absorb");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_mk_kv_append_qa(const float *ckv, int64_t ld, const float *w, float eps, const float *cs,
+                                          const float *sn, const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope,
+                                          int interleave, void *pool, const float *q_in, const float *q_w, int32_t ql, void *qa,
+                                          kdt_dtype dt, cudaStream_t s) {
+    if (R == 0) return KDT_OK;
+    const dim3 grid((unsigned)R, q_in ? 2u : 1u);
+    BY_DTYPE(dt,
+             (kv_append_kernel<<<grid, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave, (float *)pool, q_in,
+                                                    q_w, ql, (float *)qa)),
+             (kv_append_kernel<<<grid, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave, (bf16 *)pool, q_in,
+                                                    q_w, ql, (bf16 *)qa)));
+    KDT_CUDA_CHECK_LAUNCH("kv_append");
+    return KDT_OK;
+}
+
 extern "C" kdt_status kdt_mk_kv_append(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
                                        const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope, int interleave, void *pool,
                                        kdt_dtype dt, cudaStream_t s) {
-    if (R == 0) return KDT_OK;
-    BY_DTYPE(dt,
-             (kv_append_kernel<<<(unsigned)R, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave,
-                                                           (float *)pool)),
-             (kv_append_kernel<<<(unsigned)R, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave,
-                                                           (bf16 *)pool)));
-    KDT_CUDA_CHECK_LAUNCH("kv_append");
-    return KDT_OK;
+    return kdt_mk_kv_append_qa(ckv, ld, w, eps, cs, sn, slot_rows, R, Dv, rope, interleave, pool, nullptr, nullptr, 0, nullptr,
+                               dt, s);
 }
 
 extern "C" kdt_status kdt_mk_silu_mul(const float *gu, int64_t n, int32_t I, void *out, kdt_dtype dt, cudaStream_t s) {
@@ -385,7 +384,7 @@ extern "C" kdt_status kdt_mk_route(const float *logits, const float *bias, int64
                                    int32_t K, int norm, float scale, int32_t *idx, float *wt, cudaStream_t s) {
     if (R == 0) return KDT_OK;
     if (K > kMaxTopk) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts per token, at most %d", K, kMaxTopk);
-    const size_t smem = (size_t)(2 * E + G + K) * sizeof(float) + (size_t)(E + G);
+    const size_t smem = (size_t)route_scratch_bytes(E, G, K);
     if (smem > 48 * 1024) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts need %zu bytes of shared memory", E, smem);
     route_kernel<<<(unsigned)R, 32, smem, s>>>(logits, bias, E, G, topk_group, K, norm, scale, idx, wt);
     KDT_CUDA_CHECK_LAUNCH("route");

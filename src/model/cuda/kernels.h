@@ -34,11 +34,24 @@ kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *cs, const fl
                          int32_t nope, int32_t rope, int32_t Dv, int interleave, void *qn, void *qabs, kdt_dtype dt,
                          cudaStream_t s);
 
+/* kdt_mk_q_prep and the W_UK absorb of the forward in one launch, for small batches (a block per
+ * row, head and 128 of the Dv columns reads its W_UK_h columns): qabs [R, H, Dv + rope] (dt) =
+ * [q_nope . W_UK_h, rope(q_rope)], W_UK_h the first nope rows of head h of kv_b [H, nope + vd, Dv]
+ * (dt). Deterministic, and a row's bits do not depend on the batch. */
+kdt_status kdt_mk_q_absorb(const float *q, int64_t q_ld, const float *cs, const float *sn, int64_t R, int32_t H, int32_t nope,
+                           int32_t rope, int32_t Dv, int interleave, const void *kv_b, int32_t vd, void *qabs, kdt_dtype dt,
+                           cudaStream_t s);
+
 /* Latent cache rows: ckv [R, Dv + rope] f32 (row stride ld) becomes [rmsnorm(c_kv; w, eps),
  * rope(k_rope)] written to row slot_rows[r] of pool [*, Dv + rope] (dt). */
 kdt_status kdt_mk_kv_append(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
                             const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope, int interleave, void *pool,
                             kdt_dtype dt, cudaStream_t s);
+/* The same, and in the same launch the q_a norm: qa [R, ql] (dt) = rmsnorm(q_in row [ql] (row
+ * stride ld); q_w, eps). q_in NULL: the cache rows alone. */
+kdt_status kdt_mk_kv_append_qa(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
+                               const int64_t *slot_rows, int64_t R, int32_t Dv, int32_t rope, int interleave, void *pool,
+                               const float *q_in, const float *q_w, int32_t ql, void *qa, kdt_dtype dt, cudaStream_t s);
 
 /* out [n, I] (dt) = silu(gu[:, :I]) * gu[:, I:], gu [n, 2I] f32. */
 kdt_status kdt_mk_silu_mul(const float *gu, int64_t n, int32_t I, void *out, kdt_dtype dt, cudaStream_t s);

@@ -10,9 +10,10 @@
  * lane accumulates 8-element slices of its weight rows against them (f32, fixed order: slice
  * lane, lane + 32, ... then a butterfly over the warp). So each output has one summation order,
  * whatever the timing: the kernels are deterministic. More than kRows rows stream the weights
- * again (from L2 for the most part). kRows is the least of 1, 4, 16 that covers the batch's rows
- * (an expert has at most one assignment per row): fewer accumulators, more blocks per SM, more
- * loads in flight at decode. The kernel itself is in moe.cuh (run on CPU threads by
+ * again (from L2 for the most part); an expert's rows are cut in slices of kSliceRows, a block
+ * each (grid z), so that prefill-sized batches of small experts spread over the SMs. kRows is the
+ * least of 1, 4, 16 that covers the batch's rows (an expert has at most one assignment per row):
+ * fewer accumulators, more blocks per SM, more loads in flight at decode. The kernel itself is in moe.cuh (run on CPU threads by
  * tests/test_model_moe_emu.cc). */
 #include "common/cuda/cuda_common.cuh"
 #include "model/cuda/kernels.h"
@@ -23,14 +24,17 @@ namespace {
 
 typedef __nv_bfloat16 bf16;
 
+/* Row slices of R rows: an expert has at most one assignment per row. */
+unsigned slices(int64_t R) { return (unsigned)((R + kSliceRows - 1) / kSliceRows); }
+
 template <typename T, int kRows>
-kdt_status launch(const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const void *w_gu,
-                  const void *w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
+kdt_status launch(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                  const void *w_gu, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
-    moe_small_kernel<T, true, kRows><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), (unsigned)E), kThreads, 0, s>>>(
+    moe_small_kernel<T, true, kRows><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), (unsigned)E, slices(R)), kThreads, 0, s>>>(
         (const T *)x, perm, K, counts, offs, (const T *)w_gu, hid, I, act, 0, false);
     KDT_CUDA_CHECK_LAUNCH("moe_small gate_up");
-    moe_small_kernel<T, false, kRows><<<dim3((unsigned)((hid + down_cols - 1) / down_cols), (unsigned)E), kThreads, 0, s>>>(
+    moe_small_kernel<T, false, kRows><<<dim3((unsigned)((hid + down_cols - 1) / down_cols), (unsigned)E, slices(R)), kThreads, 0, s>>>(
         (const T *)act, perm, K, counts, offs, (const T *)w_down, I, hid, ye, 0, false);
     KDT_CUDA_CHECK_LAUNCH("moe_small down");
     return KDT_OK;
@@ -41,11 +45,11 @@ kdt_status launch_dense(int32_t R, const void *x, const void *w, int32_t K, int3
                         cudaStream_t s) {
     if (gate_up) {
         const int cols = kWarps * kW / 2;
-        moe_small_kernel<T, true, kRows><<<(unsigned)((N + cols - 1) / cols), kThreads, 0, s>>>(
+        moe_small_kernel<T, true, kRows><<<dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)), kThreads, 0, s>>>(
             (const T *)x, nullptr, 1, nullptr, nullptr, (const T *)w, K, N, y, R, false);
     } else {
         const int cols = kWarps * kW;
-        moe_small_kernel<T, false, kRows><<<(unsigned)((N + cols - 1) / cols), kThreads, 0, s>>>(
+        moe_small_kernel<T, false, kRows><<<dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)), kThreads, 0, s>>>(
             (const T *)x, nullptr, 1, nullptr, nullptr, (const T *)w, K, N, y, R, accumulate != 0);
     }
     KDT_CUDA_CHECK_LAUNCH("dense_small");
@@ -64,9 +68,9 @@ template <typename T>
 kdt_status launch_rows(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
                        const void *w_gu, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye,
                        cudaStream_t s) {
-    if (R <= 1) return launch<T, 1>(x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
-    if (R <= 4) return launch<T, 4>(x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
-    return launch<T, kMaxRows>(x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
+    if (R <= 1) return launch<T, 1>(R, x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
+    if (R <= 4) return launch<T, 4>(R, x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
+    return launch<T, kMaxRows>(R, x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
 }
 
 } // namespace

@@ -9,6 +9,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kW = 4;              /* weight rows per warp: loads in flight per lane */
 constexpr int kMaxRows = 16;       /* input rows per pass, at most */
 constexpr int kChunkBytes = 2048;  /* of each staged input row */
+constexpr int kSliceRows = 64;     /* an expert's rows per block (blockIdx.z: which slice); a multiple of kRows */
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 template <typename T> __device__ __forceinline__ T from_f32(float x);
@@ -41,7 +42,9 @@ template <typename T> __device__ __forceinline__ void store8(T *dst, const T *sr
  * (row p without perm), out act [n, I] (T) = silu(gate) * up at each assignment's place p;
  * columns I, a warp computes gate and up of kW / 2 columns. Else: w [E, n_out, n_in], input rows
  * in[p] of [n, n_in], out [n, n_out] f32 (added to when accumulate); a warp computes kW columns.
- * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. */
+ * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. Rows are cut in
+ * slices of kSliceRows, one per blockIdx.z (gridDim.z covers the most rows an expert can have):
+ * the sums' order does not depend on the slicing. */
 template <typename T, bool kGateUp, int kRows>
 __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1) moe_small_kernel(const T *__restrict__ in, const int32_t *__restrict__ perm, int K,
                                                              const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
@@ -50,8 +53,9 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
     constexpr int kChunk = kChunkBytes / (int)sizeof(T); /* elements of a staged row */
     constexpr int kColsPerWarp = kGateUp ? kW / 2 : kW;
     __shared__ __align__(16) T xs[kRows * kChunk];
-    const int e = blockIdx.y, cnt = counts ? counts[e] : dense_rows;
-    if (cnt == 0) return;
+    const int e = blockIdx.y, cnt = counts ? counts[e] : dense_rows, r_beg = (int)blockIdx.z * kSliceRows;
+    if (cnt <= r_beg) return;
+    const int r_end = min(cnt, r_beg + kSliceRows);
     const int off = counts ? offs[e] : 0, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int col0 = (blockIdx.x * kWarps + warp) * kColsPerWarp;
     const size_t rows_w = kGateUp ? 2 * (size_t)n_out : (size_t)n_out;
@@ -65,8 +69,8 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
         const size_t row = kGateUp && (q & 1) ? (size_t)n_out + c : (size_t)c;
         wr[q] = we + (ok[q] ? row : 0) * n_in;
     }
-    for (int r0 = 0; r0 < cnt; r0 += kRows) {
-        const int nr = min(kRows, cnt - r0);
+    for (int r0 = r_beg; r0 < r_end; r0 += kRows) {
+        const int nr = min(kRows, r_end - r0);
         float acc[kW][kRows];
 #pragma unroll
         for (int q = 0; q < kW; q++)

@@ -1,0 +1,28 @@
+/* The MoE router of a small batch in one launch (route.cu): scores, each row's experts and the
+ * grouping by expert, in place of the router GEMM, kdt_mk_route and kdt_mk_moe_plan's two
+ * kernels. Outputs as theirs (kernels.h), deterministic and, for a row, the same bits whatever
+ * else is in the batch. */
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kdt/kdt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Whether kdt_mk_route_plan takes R rows of E experts in G groups, K per row; with_scores: also
+ * the router's scores from h and w of width hid (small routers only: one block reads them). */
+int kdt_mk_route_plan_fits(int64_t R, int32_t E, int32_t G, int32_t K, int32_t hid, int with_scores);
+
+/* h [R, hid] f32 and w [E, hid] f32: logits [R, E] f32 = h . w^T (h NULL: logits are read, as
+ * written by the router GEMM); then idx [R, K], wt [R, K] as kdt_mk_route, counts [E], offs [E],
+ * perm [R * K], pos [R * K] as kdt_mk_moe_plan. */
+kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t hid, float *logits, const float *bias, int64_t R, int32_t E,
+                             int32_t G, int32_t topk_group, int32_t K, int norm, float scale, int32_t *idx, float *wt,
+                             int32_t *counts, int32_t *offs, int32_t *perm, int32_t *pos, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,169 @@
+/* The one-block router (src/model/cuda/route.cuh, launched by route.cu) executed on CPU threads
+ * (tests/cuda_emu.h: a std::thread per CUDA thread, barriers, warp exchanges), against a
+ * reference written here from DeepSeek-V3's routing: scores in double, sigmoid, the groups'
+ * two best biased scores, top-k groups, top-K experts, normalized weights times the scale, and
+ * the grouping by expert (counts, offsets, each expert's assignments in order, their places).
+ * Cases: grouped and ungrouped, scores computed by the block or given, more rows than warps, a
+ * tie. Also: a row's results have the same bits alone and in a batch (the scores' order
+ * does not depend on the batch). */
+#pragma GCC optimize("no-strict-aliasing")
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+constexpr int kEmuWarps = 8;
+#include "cuda_emu.h"
+
+/* ---- the rest of the CUDA subset route.cuh uses ---- */
+struct emu_dim {
+    unsigned x;
+};
+static const emu_dim blockDim = {32 * kEmuWarps};
+static inline void __syncwarp() { g_blk->warp[threadIdx.x >> 5]->arrive_and_wait(); }
+static inline float __shfl_xor_sync(unsigned, float v, int mask) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    const uint32_t r = (uint32_t)exchange(u, (int)(threadIdx.x & 31) ^ mask);
+    float f;
+    memcpy(&f, &r, 4);
+    return f;
+}
+static inline int __shfl_xor_sync(unsigned, int v, int mask) {
+    return (int)(int64_t)exchange((uint64_t)(int64_t)v, (int)(threadIdx.x & 31) ^ mask);
+}
+
+#include "model/cuda/route.cuh"
+
+static uint64_t g_rng = 0x524F5554;
+static uint32_t rnd() {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(g_rng >> 32);
+}
+static float uni() { return (float)rnd() * (2.0f / 4294967296.0f) - 1.0f; }
+
+static int g_fail;
+
+struct Out {
+    std::vector<float> logits, wt;
+    std::vector<int32_t> idx, counts, offs, perm, pos;
+};
+
+/* The kernel on R rows (h [R, hid], w [E, hid], bias [E]); scores: the block computes them,
+ * else they are given (logits_in). */
+static Out run_kernel(const std::vector<float> &h, const std::vector<float> &w, const std::vector<float> &bias,
+                      const std::vector<float> &logits_in, int R, int E, int G, int tg, int K, int hid, bool scores) {
+    Out o;
+    o.logits = scores ? std::vector<float>((size_t)R * E, NAN) : logits_in;
+    o.wt.assign((size_t)R * K, NAN);
+    o.idx.assign((size_t)R * K, -7);
+    o.counts.assign(E, -7);
+    o.offs.assign(E, -7);
+    o.perm.assign((size_t)R * K, -7);
+    o.pos.assign((size_t)R * K, -7);
+    RoutePlanArgs a = {scores ? h.data() : nullptr, w.data(), o.logits.data(), bias.data(), R, E, G, tg, K, hid, 1, 2.5f,
+                       o.idx.data(), o.wt.data(), o.counts.data(), o.offs.data(), o.perm.data(), o.pos.data()};
+    std::vector<unsigned char> smem((size_t)kEmuWarps * route_scratch_bytes(E, G, K) + (size_t)E * 4 + 16, 0xA5);
+    emu_run_block([&](int) { route_plan_block(a, smem.data()); });
+    return o;
+}
+
+/* Checks o against the reference; returns the largest weight error. */
+static bool check(const char *name, const Out &o, const std::vector<float> &h, const std::vector<float> &w,
+                  const std::vector<float> &bias, int R, int E, int G, int tg, int K, int hid, bool scores) {
+    bool ok = true;
+    double err_logit = 0, err_wt = 0;
+    const int per = E / G;
+    std::vector<int> counts(E, 0);
+    for (int r = 0; r < R; r++) {
+        std::vector<double> s(E), c(E);
+        for (int e = 0; e < E; e++) {
+            double l = 0;
+            for (int i = 0; i < hid; i++) l += (double)h[(size_t)r * hid + i] * w[(size_t)e * hid + i];
+            if (scores) err_logit = std::max(err_logit, fabs(l - o.logits[(size_t)r * E + e]));
+            else l = o.logits[(size_t)r * E + e]; /* given: the reference starts from the same scores */
+            s[e] = 1.0 / (1.0 + exp(-l));
+            c[e] = s[e] + bias[e];
+        }
+        std::vector<std::pair<double, int>> gs;
+        for (int g = 0; g < G; g++) {
+            std::vector<double> m(c.begin() + g * per, c.begin() + (g + 1) * per);
+            std::sort(m.rbegin(), m.rend());
+            gs.push_back({-(per >= 2 ? m[0] + m[1] : m[0]), g});
+        }
+        std::sort(gs.begin(), gs.end());
+        std::vector<std::pair<double, int>> cand;
+        for (int i = 0; i < tg; i++)
+            for (int e = gs[i].second * per; e < (gs[i].second + 1) * per; e++) cand.push_back({-c[e], e});
+        std::sort(cand.begin(), cand.end());
+        double sum = 0;
+        for (int k = 0; k < K; k++) sum += s[cand[k].second];
+        for (int k = 0; k < K; k++) {
+            const int e = cand[k].second;
+            ok &= o.idx[(size_t)r * K + k] == e;
+            err_wt = std::max(err_wt, fabs(s[e] / (sum + 1e-20) * 2.5 - o.wt[(size_t)r * K + k]));
+            counts[e]++;
+        }
+    }
+    for (int e = 0, off = 0; e < E; off += counts[e], e++) {
+        ok &= o.counts[e] == counts[e] && o.offs[e] == off;
+        for (int i = 0, j = 0; i < counts[e]; i++, j++) { /* expert e's assignments, increasing */
+            while (o.idx[j] != e) j++;
+            ok &= o.perm[off + i] == j && o.pos[j] == off + i;
+        }
+    }
+    ok &= err_logit <= 1e-5 && err_wt <= 1e-5;
+    g_fail += !ok;
+    printf("%s  route_plan (emulated) %s: R %d E %d G %d topk_group %d K %d hid %d%s: experts and grouping %s, scores %.1e, "
+           "weights %.1e (<= 1e-5)\n",
+           ok ? "PASS" : "FAIL", name, R, E, G, tg, K, hid, scores ? ", scores in the block" : "", ok ? "exact" : "WRONG",
+           err_logit, err_wt);
+    return ok;
+}
+
+static void run_case(const char *name, int R, int E, int G, int tg, int K, int hid, bool scores, Out *keep = nullptr) {
+    g_rng = 0x524F5554 + (uint64_t)R * 131 + (uint64_t)E;
+    std::vector<float> h((size_t)R * hid), w((size_t)E * hid), bias(E), logits((size_t)R * E);
+    for (auto &v : w) v = uni() * 0.3f;
+    for (auto &v : bias) v = uni() * 0.05f;
+    for (auto &v : h) v = uni();
+    for (auto &v : logits) v = uni() * 3.0f;
+    if (!scores && R > 1) { /* experts 0 and 1 tie on row 1: the lower index goes first */
+        bias[1] = bias[0];
+        logits[E + 1] = logits[E] = 2.5f;
+    }
+    Out o = run_kernel(h, w, bias, logits, R, E, G, tg, K, hid, scores);
+    check(name, o, h, w, bias, R, E, G, tg, K, hid, scores);
+    if (keep) *keep = o;
+}
+
+int main() {
+    run_case("decode", 1, 8, 1, 1, 2, 256, true);
+    run_case("tree", 16, 8, 1, 1, 2, 40, true);
+    run_case("grouped", 5, 16, 4, 2, 4, 24, true);
+    run_case("scores given, rows past the warps", 20, 64, 8, 4, 8, 8, false);
+    run_case("scores given, a tie", 3, 32, 1, 1, 6, 8, false);
+    /* Row 0 alone and first in a batch of 12 rows: same scores and choice, bit for bit. */
+    Out alone, batch;
+    run_case("row 0 alone", 1, 16, 4, 2, 4, 72, true, &alone);
+    { /* the single case's seed, so that row 0 and the weights are the same */
+        const int R = 12, E = 16, hid = 72;
+        g_rng = 0x524F5554 + 1 * 131 + (uint64_t)E;
+        std::vector<float> h((size_t)R * hid), w((size_t)E * hid), bias(E), logits;
+        for (auto &v : w) v = uni() * 0.3f;
+        for (auto &v : bias) v = uni() * 0.05f;
+        for (auto &v : h) v = uni();
+        batch = run_kernel(h, w, bias, logits, R, E, 4, 2, 4, hid, true);
+        check("row 0 in a batch of 12", batch, h, w, bias, R, E, 4, 2, 4, hid, true);
+    }
+    const bool same = !memcmp(alone.logits.data(), batch.logits.data(), 16 * sizeof(float)) &&
+                      !memcmp(alone.wt.data(), batch.wt.data(), 4 * sizeof(float)) &&
+                      !memcmp(alone.idx.data(), batch.idx.data(), 4 * sizeof(int32_t));
+    g_fail += !same;
+    printf("%s  route_plan (emulated): row 0's scores, experts and weights have the same bits alone and in a batch of 12\n",
+           same ? "PASS" : "FAIL");
+    return g_fail ? 1 : 0;
+}
