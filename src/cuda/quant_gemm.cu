@@ -1,17 +1,21 @@
 /* Quantized-weight matrix products for decode and verify sizes (src/cuda/quant_gemm.h).
  *
  * Decode GEMM: each weight tile is read from DRAM and dequantized once for all (up to 32) rows of
- * x, on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulation). A block of 4 warps owns 64 rows
- * of W (16 a warp, the mma's A operand) and a slice of K; x rows are the B operand, 8 per mma,
- * read from L1 (the 4 warps share them). K runs in steps of 128: per step and lane, 16-byte
- * cp.async copies of its own 32 fp8 values (or 32 int4 values) of rows g and g + 8 into its own
- * shared-memory slots, 3 (fp8) or 7 (int4) steps ahead: 6 KB in flight a warp, 96 KB an SM.
- * Inside an mma the order of k is free as long as A and B agree, so lane t's k16 slices are its
- * own contiguous bytes, and x is read at the same k. Scales stay out of the bf16 operands (so the
- * products are exact): an FP8 block scale multiplies the f32 partial of its 128-k step, an INT4
- * group scale the partial of its 2 mmas (the quad transposes its 16-byte loads so that one mma's
- * k are all in one group). When N has few 64-row tiles, a cluster of up to 8 blocks splits K and
- * sums the partials through distributed shared memory in rank order: deterministic.
+ * x, on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulation). A warp owns 16 rows of W (the
+ * mma's A operand) and a block's warps one slice of K; x rows are the B operand, 8 per mma. K runs
+ * in steps of 128: per step and lane, 16-byte cp.async copies of its own 32 fp8 values (or 32 int4
+ * values) of rows g and g + 8. Inside an mma the order of k is free as long as A and B agree, so
+ * lane t's k16 slices are its own contiguous bytes, and x is read at the same k. Scales stay out of
+ * the bf16 operands (so the products are exact): an FP8 block scale multiplies the f32 partial of
+ * its 128-k step, an INT4 group scale the partial of its 2 mmas (the quad transposes its 16-byte
+ * loads so that one mma's k are all in one group). When N has few tiles, a cluster of up to 8
+ * blocks splits K and sums the partials through distributed shared memory in rank order:
+ * deterministic. Two kernels share those pieces (fp8_step, int4_step, tile_reduce):
+ * - qgemm_ring_kernel (M <= 32, docs/perf/quant.md): 4 or 8 warps a block stream the weights, the
+ *   step's x chunk and its scales through one ring in shared memory, 3 to 8 steps ahead, one
+ *   barrier a step: no global load between a step's wait and its mmas.
+ * - qgemm_kernel (the baseline; M > 32, INT4 scales not 4-byte aligned): each lane's weights
+ *   through its own ring, x and the scales read from global memory inside the step.
  *
  * Dequantize kernels (prefill path): one thread per 16-byte chunk of W, 16-byte stores. */
 #include <cooperative_groups.h>
@@ -254,8 +258,8 @@ __global__ void __launch_bounds__(kThreads, 4) qgemm_kernel(const __nv_bfloat16 
  * copied ahead, so no global load sits between a step's wait and its mmas. */
 template <bool kInt4, int kMT, int kW>
 struct RingStage {
-    uint4 w[kW][kInt4 ? 2 : 4][32]; /* each lane's own weight bytes, [row r * loads + load l] as qgemm_kernel */
-    uint4 x[kMT][4][32];            /* [tile i][chunk u][lane]: x row 8i + g, 8 k (fp8: 32t + 8u, int4: 32u + 8t) */
+    uint4 w[kW][kInt4 ? 2 : 4][32]; /* each lane's own weight bytes, [row r * loads + load l] */
+    uint4 x[kMT][4][32];            /* [tile i][chunk u][lane]: x row 8i + g at k_u (below) .. + 7 */
     uint32_t s[kInt4 ? 48 * kW : 4]; /* int4: each tile row's 4 group scales inside 3 aligned words; fp8: the block scale */
 };
 /* About 14 KB of ring a warp (4 warps a block: 4 blocks an SM): 3 to 8 steps. */
@@ -269,11 +273,15 @@ template <bool kInt4, int kMT, int kW>
 __host__ __device__ constexpr size_t ring_bytes() { return ring_stages<kInt4, kMT, kW>() * sizeof(RingStage<kInt4, kMT, kW>); }
 
 /* Streaming decode kernel (the path for M <= 32): the tiles, fragments and arithmetic of qgemm_kernel
- * (bit-identical results) with kW warps a block (16 kW rows: 8 halves the x bytes a weight byte
- * costs at M = 32), but the warps share one ring in dynamic shared memory that holds, kStages - 1
- * steps ahead, the weights (each lane its own bytes), the step's x chunk (one 16-byte copy per x
- * chunk, through L1: the SM's blocks share x) and the step's scales; one barrier per step makes the
- * step visible to all and frees the slot read the step before. */
+ * with kW warps a block (16 kW rows: 8 halves the x bytes a weight byte costs at M = 32), but the
+ * warps share one ring in dynamic shared memory that holds, kStages - 1 steps ahead, the weights
+ * (each lane its own bytes), the step's x (through L1: the SM's blocks share x) and its scales; one
+ * barrier per step makes the step visible to all and frees the slot read the step before.
+ * Every copy instruction of a warp reads whole 32-byte sectors: an FP8 lane's 32 bytes of a row are
+ * bytes 16t .. and 64 + 16t .. of the step (so its byte b is k kb + 64 (b / 16) + 16t + b % 16, and
+ * x chunk u, bytes 8u .. 8u + 7, is k_u = kb + 64 (u / 2) + 16t + 8 (u % 2)); INT4 lane t holds group
+ * t as in qgemm_kernel (k_u = kb + 32u + 8t). Thread (warp w, lane 4g + q) copies x piece p = 4w + q
+ * (k kb + 8p .. + 7) of row g, 64 contiguous bytes a row per instruction, into the reader's slot. */
 template <bool kInt4, int kMT, int kW>
 __global__ void __launch_bounds__(32 * kW) qgemm_ring_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
                                                             const void *__restrict__ scale, float *__restrict__ y, int M, int N,
@@ -302,15 +310,16 @@ __global__ void __launch_bounds__(32 * kW) qgemm_ring_kernel(const __nv_bfloat16
         for (int r = 0; r < 2; r++)
 #pragma unroll
             for (int l = 0; l < kLd; l++) {
-                const int off = s * kRowBytes + (kInt4 ? 16 * t : 32 * t + 16 * l);
+                const int off = s * kRowBytes + 16 * t + 64 * l;
                 const bool in = live && off < (int)ldw;
                 cp16<false>(&st.w[warp][r * kLd + l][lane], in ? wr[r] + off : wr[r], in);
             }
-        for (int c = warp; c < 4 * kMT; c += kW) { /* x chunk u = c % 4 of tile i = c / 4 */
-            const int k = s * kStep + (kInt4 ? 32 * (c % 4) + 8 * t : 32 * t + 8 * (c % 4)), i = c / 4;
+        for (int c = warp; c < 4 * kMT; c += kW) { /* pieces 4 (c % 4) .. + 3 of tile i = c / 4 */
+            const int p = 4 * (c % 4) + t, i = c / 4, k = s * kStep + 8 * p;
+            const int u = kInt4 ? p / 4 : 2 * (p / 8) + p % 2, tr = kInt4 ? p % 4 : p % 8 / 2; /* the reader's chunk, lane */
             const bool in = live && k < K;
             const __nv_bfloat16 *xr = x + (size_t)min(m0 + 8 * i + g, M - 1) * K;
-            cp16<true>(&st.x[i][c % 4][lane], in ? xr + k : xr, in);
+            cp16<true>(&st.x[i][u][4 * g + tr], in ? xr + k : xr, in);
         }
         if constexpr (kInt4) {
             /* Row lr's groups 4s .. 4s + 3 are bf16 e .. e + 3 (e = row * ng + 4s): words e / 2 .. + 2. */
