@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/kdt-quant-kern}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
-DEADLINE=${DEADLINE:-290}
+DEADLINE=${DEADLINE:-295}
 summary=()
 note() { summary+=("$*"); echo "## $*"; }
 step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit (cut to what is left), logging to $LOGS/NAME.log
@@ -24,6 +24,7 @@ step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit (cut to what is
     echo "## $name: exit $rc in $((SECONDS - t0)) s"
     return $rc
 }
+why() { [ "$1" -eq 124 ] && echo "timed out" || echo "exit $1"; }  # why RC: a failed step's reason
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh
@@ -31,8 +32,8 @@ note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max
 
 T="$BUILD/tests/test_quant_gemm" B="$BUILD/bench/bench_quant_gemm"
 t0=$SECONDS
-if step build 150 make -j16 "${MAKEVARS[@]}" "$T" "$B"; then note "build: PASS in $((SECONDS - t0)) s"
-else note "build: FAIL (exit $?, $LOGS/build.log)"; grep -E 'error' "$LOGS/build.log" | head -20; fi
+if step build 170 make -j16 "${MAKEVARS[@]}" "$T" "$B"; then note "build: PASS in $((SECONDS - t0)) s"
+else note "build: FAIL ($(why $?), $LOGS/build.log)"; grep -E 'error' "$LOGS/build.log" | head -20; fi
 
 if [ -x "$T" ]; then
     step test_quant_gemm 60 "$T"; rc=$?
@@ -40,7 +41,7 @@ if [ -x "$T" ]; then
     p=$(grep -c '^PASS' "$LOGS/test_quant_gemm.log"); f=$(grep -c '^FAIL' "$LOGS/test_quant_gemm.log")
     sk=$(grep -c '^SKIP' "$LOGS/test_quant_gemm.log")
     [ "$rc" -eq 0 ] && [ "$f" -eq 0 ] && [ "$p" -gt 0 ] && v=PASS || v=FAIL
-    note "test_quant_gemm: $v ($p passed, $f failed, $sk skipped, exit $rc)"
+    note "test_quant_gemm: $v ($p passed, $f failed, $sk skipped, $(why $rc))"
 else note "test_quant_gemm: FAIL (not built)"; fi
 
 MD="$OUT/bench_quant_gemm.md"
@@ -54,12 +55,12 @@ if [ -x "$B" ]; then
         s=$(awk -F'|' '$4 ~ /^ *(1|8|32) *$/ { gsub(/[ %]/, "", $8); gsub(/[ %]/, "", $9); n++; s += $8; b += $9;
               if ($8 >= 75) ok++; if (min == "" || $8 < min) min = $8 }
               END { if (n) printf "%d rows at M = 1..32: streaming mean %.0f%% (min %d%%, %d rows >= 75%%), baseline mean %.0f%%", n, s / n, min, ok, b / n }' "$MD")
-        note "bench_quant_gemm: $([ "$rc" -eq 0 ] && echo PASS || echo "FAIL (exit $rc, partial)"): $(grep -E '^- copy' "$MD" | grep -oE '[0-9]+ GB/s') copy ceiling; $s"
-    else note "bench_quant_gemm: FAIL (exit $rc, no table; $LOGS/bench_quant_gemm.log)"; tail -5 "$LOGS/bench_quant_gemm.log"; fi
+        note "bench_quant_gemm: $([ "$rc" -eq 0 ] && echo PASS || echo "FAIL ($(why $rc), partial table)"): $(grep -E '^- copy' "$MD" | grep -oE '[0-9]+ GB/s') copy ceiling; $s"
+    else note "bench_quant_gemm: FAIL ($(why $rc), no table; $LOGS/bench_quant_gemm.log)"; tail -5 "$LOGS/bench_quant_gemm.log"; fi
 else note "bench_quant_gemm: FAIL (not built)"; fi
 
 if command -v compute-sanitizer >/dev/null && [ -x "$T" ]; then
-    if step sanitize 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$T"; then v=PASS; else v="FAIL (exit $?)"; fi
+    if step sanitize 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$T"; then v=PASS; else v="FAIL ($(why $?))"; fi
     note "memcheck test_quant_gemm: $v, $(grep -E 'ERROR SUMMARY' "$LOGS/sanitize.log" | head -1)"
 else note "memcheck test_quant_gemm: skipped (no compute-sanitizer or no test)"; fi
 

@@ -407,9 +407,9 @@ kdt_status check(const char *what, const void *x, const void *w, int32_t M, int3
 
 using QgemmKernel = void (*)(const __nv_bfloat16 *, const uint8_t *, const void *, float *, int, int, int);
 
-/* Grid (tiles of 16 x warps rows, S, ceil(M / 32)) in clusters of (1, S, 1). S: as many blocks as fit at once (one
- * wave: a second, partial wave would stream its tail with few bytes in flight), at most 8 (the
- * portable cluster) and one step of K each. `resident` caches blocks an SM times SMs. */
+/* Grid (tiles of 16 x warps rows, S, ceil(M / 32)) in clusters of (1, S, 1). S: as many blocks as
+ * fit at once (one wave: a second, partial wave would stream its tail with few bytes in flight), at
+ * most 8 (the portable cluster) and one step of K each. `resident` caches blocks an SM times SMs. */
 kdt_status launch_clustered(QgemmKernel kern, int warps, size_t smem, int &resident, const void *x, const void *w, const void *scale,
                             float *y, int32_t M, int32_t N, int32_t K, cudaStream_t st, const char *what) {
     if (!resident) {
@@ -446,10 +446,15 @@ kdt_status launch_clustered(QgemmKernel kern, int warps, size_t smem, int &resid
 template <bool kInt4, int kMT>
 kdt_status launch_mt(bool stream_kernel, const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N, int32_t K,
                      cudaStream_t st, const char *what) {
-    static int resident[3];
+    static int resident[3], optin = -1; /* optin: shared memory a block may have (the 8-warp rings need ~110 KB) */
+    if (optin < 0) {
+        int dev = 0;
+        KDT_CUDA_CHECK(cudaGetDevice(&dev));
+        KDT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
     /* 8 warps where x is 17 .. 32 rows and N has 16 or more such tiles: half the x bytes per weight byte */
     if constexpr (kMT >= 3)
-        if (stream_kernel && N >= 2048)
+        if (stream_kernel && N >= 2048 && ring_bytes<kInt4, kMT, 8>() <= (size_t)optin)
             return launch_clustered(qgemm_ring_kernel<kInt4, kMT, 8>, 8, ring_bytes<kInt4, kMT, 8>(), resident[2], x, w, scale, y, M,
                                     N, K, st, what);
     if (stream_kernel)
