@@ -1,12 +1,15 @@
 /* The quantized-weight kernels (src/cuda/quant_gemm.cu) against the CPU: random FP8-block and
  * INT4-group weights, dequantized exactly by the CPU loader's own dequantizers (src/model/quant.c,
  * checked bit for bit against torch and compressed-tensors by test_quant), times random bf16 x
- * in double. GEMMs: relative L2 <= 1e-5 and every element within 1e-4 of the largest |y| (f32
- * accumulation in another order); bit-identical across two runs (no atomics: a K split sums
- * its partials in rank order). Dequantize kernels: bf16 of the exact value, bit for bit. Shapes
- * cover partial 128x128 blocks and partial last 128-k steps (fp8 and int4), partial 64-row tiles,
- * M = 1 .. 32 in each count of 8-row mma tiles and past 32 (a second block row), K split over
- * clusters of 1 to 8 blocks (3 included), and Kimi's sizes.
+ * in double. GEMMs, the public launchers (the streaming kernel up to 32 rows, the baseline past
+ * them) and the other decode kernel (kdt_qgemm_with): relative L2 <= 1e-5 and every element within
+ * 1e-4 of the largest |y| (f32 accumulation in another order); the launcher bit-identical across two
+ * runs (no atomics: a K split sums its partials in rank order). Dequantize
+ * kernels: bf16 of the exact value, bit for bit. Shapes cover partial 128x128 blocks and partial
+ * last 128-k steps (fp8 and int4), partial 64-row tiles, M = 1 .. 32 in each count of 8-row mma
+ * tiles and past 32 (a second block row), K split over clusters of 1 to 8 blocks (3 included), an
+ * odd count of INT4 scales (the last scale word half past the end), INT4 scales 2 bytes off a
+ * 4-byte boundary (the baseline kernel), and Kimi's sizes.
  * Outputs are NaN-poisoned before each run. Without a CUDA device it prints SKIP lines. */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +23,7 @@ extern "C" {
 #include "model/quant.h"
 }
 #include "cuda/quant_gemm.h"
+#include "cuda/quant_gemm_variant.h"
 
 namespace {
 
@@ -48,8 +52,8 @@ float bf2f(uint16_t b) {
         if (e_ != cudaSuccess) { kt_fail("%s: %s", #call, cudaGetErrorString(e_)); return; } \
     } while (0)
 
-/* One case: W [N, K] quantized (int4 or fp8), x [M, K]. */
-void run_case(bool int4, int M, int N, int K) {
+/* One case: W [N, K] quantized (int4 or fp8), x [M, K]; int4 scales at byte offset soff of their allocation. */
+void run_case(bool int4, int M, int N, int K, int soff = 0) {
     const char *kind = int4 ? "int4" : "fp8";
     const size_t wbytes = int4 ? (size_t)N * K / 2 : (size_t)N * K;
     const int sr = int4 ? N : (N + 127) / 128, sc = int4 ? K / 32 : (K + 127) / 128;
@@ -80,49 +84,62 @@ void run_case(bool int4, int M, int N, int K) {
         }
     void *dw, *ds, *dx, *dy, *dq;
     CK(cudaMalloc(&dw, wbytes));
-    CK(cudaMalloc(&ds, (size_t)sr * sc * 4));
+    CK(cudaMalloc(&ds, (size_t)sr * sc * 4 + 16));
+    void *dsc = (char *)ds + soff;
     CK(cudaMalloc(&dx, (size_t)M * K * 2 + 16));
     CK(cudaMalloc(&dy, (size_t)M * N * 4 + 4));
     CK(cudaMalloc(&dq, (size_t)N * K * 2));
     CK(cudaMemcpy(dw, w, wbytes, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ds, int4 ? (void *)scale16 : (void *)scale, (size_t)sr * sc * (int4 ? 2 : 4), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dsc, int4 ? (void *)scale16 : (void *)scale, (size_t)sr * sc * (int4 ? 2 : 4), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dx, x, (size_t)M * K * 2, cudaMemcpyHostToDevice));
     float *y1 = (float *)malloc((size_t)M * N * 4 + 4), *y2 = (float *)malloc((size_t)M * N * 4 + 4);
+    float *y3 = (float *)malloc((size_t)M * N * 4 + 4);
+    /* Runs 0 and 1: the public launcher; run 2: the other decode kernel. */
+    const kdt_qgemm_kernel other = M <= 32 ? KDT_QGEMM_BASELINE : KDT_QGEMM_STREAM;
     kdt_status s = KDT_OK;
-    for (int rep = 0; rep < 2 && s == KDT_OK; rep++) {
+    for (int rep = 0; rep < 3 && s == KDT_OK; rep++) {
+        float *h = rep == 0 ? y1 : rep == 1 ? y2 : y3;
         CK(cudaMemset(dy, 0xFF, (size_t)M * N * 4)); /* NaN */
-        s = int4 ? kdt_qgemm_int4(dx, dw, ds, (float *)dy, M, N, K, NULL) : kdt_qgemm_fp8(dx, dw, (float *)ds, (float *)dy, M, N, K, NULL);
+        if (rep == 2) s = kdt_qgemm_with(other, int4, dx, dw, dsc, (float *)dy, M, N, K, NULL);
+        else if (int4) s = kdt_qgemm_int4(dx, dw, dsc, (float *)dy, M, N, K, NULL);
+        else s = kdt_qgemm_fp8(dx, dw, (float *)dsc, (float *)dy, M, N, K, NULL);
         if (s == KDT_OK) CK(cudaDeviceSynchronize());
-        if (s == KDT_OK) CK(cudaMemcpy(rep ? y2 : y1, dy, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
+        if (s == KDT_OK) CK(cudaMemcpy(h, dy, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
     }
     if (s != KDT_OK) {
         kt_fail("qgemm %s M %d N %d K %d: %s", kind, M, N, K, kdt_last_error());
     } else {
-        double num = 0, den = 0, worst = 0;
-        size_t bad = 0;
-        for (size_t i = 0; i < (size_t)M * N; i++) {
-            const double d = y1[i] - ref[i];
-            num += d * d;
-            den += ref[i] * ref[i];
-            if (!(fabs(d) <= 1e-4 * ymax)) bad++;
-            worst = fmax(worst, fabs(d));
+        for (int run = 0; run < 2; run++) { /* the launcher's kernel, then the other one */
+            const float *yk = run ? y3 : y1;
+            double num = 0, den = 0, worst = 0;
+            size_t bad = 0;
+            for (size_t i = 0; i < (size_t)M * N; i++) {
+                const double d = yk[i] - ref[i];
+                num += d * d;
+                den += ref[i] * ref[i];
+                if (!(fabs(d) <= 1e-4 * ymax)) bad++;
+                worst = fmax(worst, fabs(d));
+            }
+            const double rel = sqrt(num / fmax(den, 1e-300));
+            const bool same = run || !memcmp(y1, y2, (size_t)M * N * 4);
+            const bool stream = (run ? M > 32 : M <= 32) && !(int4 && soff % 4); /* which kernel ran */
+            kt_check(rel <= 1e-5 && !bad && same,
+                     "qgemm %s M %d N %d K %d%s, %s kernel%s: rel L2 %.1e, max |err| %.1e of max |y| %.1e, %zu outside%s", kind, M,
+                     N, K, soff ? " (scales 2 bytes off)" : "", stream ? "streaming" : "baseline", run ? "" : " (launcher)", rel,
+                     worst, ymax, bad, run ? "" : same ? ", runs bit-identical" : ", runs DIFFER");
         }
-        const double rel = sqrt(num / fmax(den, 1e-300));
-        kt_check(rel <= 1e-5 && !bad && !memcmp(y1, y2, (size_t)M * N * 4),
-                 "qgemm %s M %d N %d K %d: rel L2 %.1e, max |err| %.1e of max |y| %.1e, %zu outside, runs %s", kind, M, N, K,
-                 rel, worst, ymax, bad, memcmp(y1, y2, (size_t)M * N * 4) ? "DIFFER" : "bit-identical");
     }
     /* The prefill path's bf16 copy of W. */
     uint16_t *q = (uint16_t *)malloc((size_t)N * K * 2);
     CK(cudaMemset(dq, 0xFF, (size_t)N * K * 2));
-    s = int4 ? kdt_dequant_int4_bf16(dw, ds, dq, N, K, NULL) : kdt_dequant_fp8_bf16(dw, (float *)ds, dq, N, K, NULL);
+    s = int4 ? kdt_dequant_int4_bf16(dw, dsc, dq, N, K, NULL) : kdt_dequant_fp8_bf16(dw, (float *)dsc, dq, N, K, NULL);
     if (s == KDT_OK) CK(cudaMemcpy(q, dq, (size_t)N * K * 2, cudaMemcpyDeviceToHost));
     size_t diff = 0;
     for (size_t i = 0; s == KDT_OK && i < (size_t)N * K; i++) diff += q[i] != f2bf(wf[i]);
     kt_check(s == KDT_OK && !diff, "dequant %s -> bf16 [%d, %d]: %zu of %zu differ from the exact value rounded%s", kind, N, K,
              diff, (size_t)N * K, s == KDT_OK ? "" : kdt_last_error());
     cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy); cudaFree(dq);
-    free(w); free(scale); free(scale16); free(wf); free(x); free(ref); free(y1); free(y2); free(q);
+    free(w); free(scale); free(scale16); free(wf); free(x); free(ref); free(y1); free(y2); free(y3); free(q);
 }
 
 } // namespace
@@ -140,6 +157,8 @@ int main() {
         run_case(false, sh[0], sh[1], sh[2]);
         if (sh[2] % 32 == 0) run_case(true, sh[0], sh[1], sh[2]);
     }
+    run_case(true, 5, 131, 1056);    /* 131 x 33 scales: the last word holds one */
+    run_case(true, 13, 129, 1024, 2); /* scales not 4-byte aligned: the baseline kernel */
     /* Bad arguments are refused, naming the kernel. */
     kdt_status s = kdt_qgemm_int4((void *)16, (void *)16, (void *)16, (float *)16, 1, 8, 48, NULL);
     kt_check(s == KDT_ERR_SHAPE && strstr(kdt_last_error(), "qgemm_int4"), "qgemm_int4 refuses K = 48 (not a multiple of 32): %s",

@@ -1,17 +1,21 @@
 /* Quantized-weight matrix products for decode and verify sizes (src/cuda/quant_gemm.h).
  *
  * Decode GEMM: each weight tile is read from DRAM and dequantized once for all (up to 32) rows of
- * x, on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulation). A block of 4 warps owns 64 rows
- * of W (16 a warp, the mma's A operand) and a slice of K; x rows are the B operand, 8 per mma,
- * read from L1 (the 4 warps share them). K runs in steps of 128: per step and lane, 16-byte
- * cp.async copies of its own 32 fp8 values (or 32 int4 values) of rows g and g + 8 into its own
- * shared-memory slots, 3 (fp8) or 7 (int4) steps ahead: 6 KB in flight a warp, 96 KB an SM.
- * Inside an mma the order of k is free as long as A and B agree, so lane t's k16 slices are its
- * own contiguous bytes, and x is read at the same k. Scales stay out of the bf16 operands (so the
- * products are exact): an FP8 block scale multiplies the f32 partial of its 128-k step, an INT4
- * group scale the partial of its 2 mmas (the quad transposes its 16-byte loads so that one mma's
- * k are all in one group). When N has few 64-row tiles, a cluster of up to 8 blocks splits K and
- * sums the partials through distributed shared memory in rank order: deterministic.
+ * x, on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulation). A warp owns 16 rows of W (the
+ * mma's A operand) and a block's warps one slice of K; x rows are the B operand, 8 per mma. K runs
+ * in steps of 128: per step and lane, 16-byte cp.async copies of its own 32 fp8 values (or 32 int4
+ * values) of rows g and g + 8. Inside an mma the order of k is free as long as A and B agree, so
+ * lane t's k16 slices are its own contiguous bytes, and x is read at the same k. Scales stay out of
+ * the bf16 operands (so the products are exact): an FP8 block scale multiplies the f32 partial of
+ * its 128-k step, an INT4 group scale the partial of its 2 mmas (the quad transposes its 16-byte
+ * loads so that one mma's k are all in one group). When N has few tiles, a cluster of up to 8
+ * blocks splits K and sums the partials through distributed shared memory in rank order:
+ * deterministic. Two kernels share those pieces (fp8_step, int4_step, tile_reduce):
+ * - qgemm_ring_kernel (M <= 32, docs/perf/quant.md): 4 or 8 warps a block stream the weights, the
+ *   step's x chunk and its scales through one ring in shared memory, 3 to 8 steps ahead, one
+ *   barrier a step: no global load between a step's wait and its mmas.
+ * - qgemm_kernel (the baseline; M > 32, INT4 scales not 4-byte aligned): each lane's weights
+ *   through its own ring, x and the scales read from global memory inside the step.
  *
  * Dequantize kernels (prefill path): one thread per 16-byte chunk of W, 16-byte stores. */
 #include <cooperative_groups.h>
@@ -19,6 +23,7 @@
 
 #include "common/cuda/cuda_common.cuh"
 #include "cuda/quant_gemm.h"
+#include "cuda/quant_gemm_variant.h"
 
 namespace cg = cooperative_groups;
 
@@ -29,7 +34,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kTileN = 16 * kWarps; /* rows of W per block */
 constexpr int kStep = 128;          /* k per step: one FP8 scale block, four INT4 groups */
 constexpr int kMaxM = 32;           /* x rows per block (4 mma column tiles) */
-constexpr int kRedPitch = kTileN + 4; /* partials [m][row]: the pad spreads a quad's m over banks */
 /* A tile's rows share one FP8 block row of scales; a step is one FP8 block column. */
 static_assert(KDT_QGEMM_FP8_BLOCK % kTileN == 0 && kStep == KDT_QGEMM_FP8_BLOCK, "tile and step vs the FP8 block");
 
@@ -74,7 +78,114 @@ __device__ __forceinline__ void quad_transpose(uint4 &v, int t) {
     v = make_uint4(a[0], a[1], a[2], a[3]);
 }
 
-/* x [M, K] bf16, w [N, K] (e4m3 bytes or int4 words), scale (see quant_gemm.h), y [M, N] f32.
+/* One 128-k FP8 step of a warp's 16 rows g, g + 8: q0, q1 the lane's 32 bytes of each (k kb + 32t ..),
+ * xat(i, u) the 8 x values at k kb + 32t + 8u .. of the lane's x row in column tile i, sc the block scale. */
+template <int kMT, class X>
+__device__ __forceinline__ void fp8_step(float (&acc)[kMT][4], const uint32_t (&q0)[8], const uint32_t (&q1)[8], float sc, X xat) {
+    float part[kMT][4] = {};
+#pragma unroll
+    for (int u = 0; u < 4; u++) { /* mmas j = 2u, 2u + 1 */
+        uint4 xv[kMT];
+#pragma unroll
+        for (int i = 0; i < kMT; i++) xv[i] = xat(i, u);
+        /* mma j: lane t's k kb + 32t + 4j .. + 3, i.e. byte word j of each row */
+#pragma unroll
+        for (int j = 2 * u; j < 2 * u + 2; j++) {
+            const uint32_t a0 = e4m3x2_bf16x2(q0[j]), a1 = e4m3x2_bf16x2(q1[j]);
+            const uint32_t a2 = e4m3x2_bf16x2(q0[j] >> 16), a3 = e4m3x2_bf16x2(q1[j] >> 16);
+#pragma unroll
+            for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, j & 1 ? xv[i].z : xv[i].x, j & 1 ? xv[i].w : xv[i].y);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kMT; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][c] = fmaf(sc, part[i][c], acc[i][c]);
+}
+
+/* One 128-k INT4 step: v0, v1 the lane's 16 bytes (group t) of rows g and g + 8; groups from ng_left
+ * on are past K. xat(i, G): the 8 x values at k kb + 32G + 8t ..; scl(G, h): group G's scale of row
+ * g (h = 0) or g + 8. The quad transposes its loads so that one mma's k lie in one group. */
+template <int kMT, class X, class Sc>
+__device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
+    quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
+    quad_transpose(v1, t);
+    const uint32_t q0[4] = {v0.x, v0.y, v0.z, v0.w}, q1[4] = {v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int G = 0; G < 4; G++) {
+        if (G >= ng_left) break;
+        const float sa = scl(G, 0), sb = scl(G, 1);
+        float part[kMT][4] = {};
+        uint4 xv[kMT];
+#pragma unroll
+        for (int i = 0; i < kMT; i++) xv[i] = xat(i, G);
+        /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t a0 = nib2_bf16x2(q0[G], 2 * h), a1 = nib2_bf16x2(q1[G], 2 * h);
+            const uint32_t a2 = nib2_bf16x2(q0[G], 2 * h + 1), a3 = nib2_bf16x2(q1[G], 2 * h + 1);
+#pragma unroll
+            for (int i = 0; i < kMT; i++) {
+                const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
+                mma(part[i], a0, a1, a2, a3, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kMT; i++) {
+            acc[i][0] = fmaf(sa, part[i][0], acc[i][0]);
+            acc[i][1] = fmaf(sa, part[i][1], acc[i][1]);
+            acc[i][2] = fmaf(sb, part[i][2], acc[i][2]);
+            acc[i][3] = fmaf(sb, part[i][3], acc[i][3]);
+        }
+    }
+}
+
+/* The block's partial tile (each of its kW warps' accumulators) into red [m][row] (row pitch 16 kW + 4:
+ * the pad spreads a quad's m over banks), then after a cluster barrier rank r (block y) sums its share
+ * of the tile over the cluster's ranks in order and writes y [M, N]. */
+template <int kMT, int kW>
+__device__ __forceinline__ void tile_reduce(float *red, const float (&acc)[kMT][4], float *__restrict__ y, int M, int N, int m0,
+                                            int n0) {
+    constexpr int kRows = 16 * kW, kPitch = kRows + 4;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, row = (threadIdx.x >> 5) * 16 + g;
+    /* c0, c1: row g, x rows 2t, 2t + 1; c2, c3: row g + 8. */
+#pragma unroll
+    for (int i = 0; i < kMT; i++) {
+        red[(8 * i + 2 * t) * kPitch + row] = acc[i][0];
+        red[(8 * i + 2 * t + 1) * kPitch + row] = acc[i][1];
+        red[(8 * i + 2 * t) * kPitch + row + 8] = acc[i][2];
+        red[(8 * i + 2 * t + 1) * kPitch + row + 8] = acc[i][3];
+    }
+    cluster.sync();
+    const int S = gridDim.y, rank = blockIdx.y;
+    const int mrows = min(M - m0, kMT * 8), total = mrows * kRows;
+    const int e0 = rank * total / S, e1 = (rank + 1) * total / S;
+    for (int e = e0 + threadIdx.x; e < e1; e += 32 * kW) {
+        const int m = e / kRows, c = e % kRows;
+        float v = 0;
+        for (int q = 0; q < S; q++) v += cluster.map_shared_rank(red, q)[m * kPitch + c];
+        if (n0 + c < N) y[(size_t)(m0 + m) * N + n0 + c] = v;
+    }
+    cluster.sync(); /* no block leaves while another reads its partials */
+}
+
+/* 16 bytes (or 0: zero-fill) from global to shared, L2 only (.cg) or through L1 (.ca, for x, which
+ * the blocks of an SM share). */
+template <bool kL1>
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool in) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (kL1) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
+    else asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp4(void *dst, const void *src, int bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+}
+
+/* Baseline decode kernel (bench_quant_gemm's "old" column; the path past 32 rows): x and the
+ * scales are read from global memory inside each step, the weights through a per-lane ring.
+ * x [M, K] bf16, w [N, K] (e4m3 bytes or int4 words), scale (see quant_gemm.h), y [M, N] f32.
  * Grid (ceil(N / 64), S, ceil(M / 32)), clusters of (1, S, 1): block y = rank = K slice. kMT
  * column tiles of 8 x rows (rows past M are read clamped and never written). */
 template <bool kInt4, int kMT>
@@ -84,9 +195,8 @@ __global__ void __launch_bounds__(kThreads, 4) qgemm_kernel(const __nv_bfloat16 
     constexpr int kLd = kInt4 ? 1 : 2;          /* 16-byte loads per row and step */
     constexpr int kRowBytes = kInt4 ? 64 : 128; /* bytes of one row in one step */
     constexpr int kStages = kInt4 ? 8 : 4;      /* 1 KB or 2 KB steps a warp: 7 or 3 in flight while 1 computes */
-    __shared__ float red[kMaxM][kRedPitch];
+    __shared__ float red[kMaxM * (kTileN + 4)];
     __shared__ uint4 stage[kWarps][kStages][2 * kLd][32]; /* each lane's own loads, kStages - 1 steps ahead */
-    cg::cluster_group cluster = cg::this_cluster();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * kTileN, m0 = blockIdx.z * kMaxM, S = gridDim.y, rank = blockIdx.y;
     const int steps = (K + kStep - 1) / kStep, s0 = rank * steps / S, s1 = (rank + 1) * steps / S;
@@ -108,9 +218,7 @@ __global__ void __launch_bounds__(kThreads, 4) qgemm_kernel(const __nv_bfloat16 
             for (int l = 0; l < kLd; l++) {
                 const int off = s * kRowBytes + (kInt4 ? 16 * t : 32 * t + 16 * l);
                 const bool in = s < s1 && off < (int)ldw;
-                const unsigned dst = (unsigned)__cvta_generic_to_shared(&stage[warp][(s - s0) % kStages][r * kLd + l][lane]);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(in ? wr[r] + off : wr[r]),
-                             "r"(in ? 16 : 0) : "memory");
+                cp16<false>(&stage[warp][(s - s0) % kStages][r * kLd + l][lane], in ? wr[r] + off : wr[r], in);
             }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
@@ -126,89 +234,132 @@ __global__ void __launch_bounds__(kThreads, 4) qgemm_kernel(const __nv_bfloat16 
         issue(s + kStages - 1); /* into the stage read one step ago, already in registers */
         const int kb = s * kStep;
         if constexpr (kInt4) {
-            uint4 v0 = v[0][0], v1 = v[1][0];
-            quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
-            quad_transpose(v1, t);
-            const uint32_t q0[4] = {v0.x, v0.y, v0.z, v0.w}, q1[4] = {v1.x, v1.y, v1.z, v1.w};
             const int ng = K / 32;
-#pragma unroll
-            for (int G = 0; G < 4; G++) {
-                const int grp = kb / 32 + G;
-                if (grp >= ng) break;
-                const float sa = bf16_bits(__ldg((const uint16_t *)scale + (size_t)r0 * ng + grp));
-                const float sb = bf16_bits(__ldg((const uint16_t *)scale + (size_t)r1 * ng + grp));
-                float part[kMT][4] = {};
-                uint4 xv[kMT];
-#pragma unroll
-                for (int i = 0; i < kMT; i++) xv[i] = __ldg((const uint4 *)(xr[i] + kb + 32 * G + 8 * t));
-                /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint32_t a0 = nib2_bf16x2(q0[G], 2 * h), a1 = nib2_bf16x2(q1[G], 2 * h);
-                    const uint32_t a2 = nib2_bf16x2(q0[G], 2 * h + 1), a3 = nib2_bf16x2(q1[G], 2 * h + 1);
-#pragma unroll
-                    for (int i = 0; i < kMT; i++) {
-                        const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
-                        mma(part[i], a0, a1, a2, a3, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < kMT; i++) {
-                    acc[i][0] = fmaf(sa, part[i][0], acc[i][0]);
-                    acc[i][1] = fmaf(sa, part[i][1], acc[i][1]);
-                    acc[i][2] = fmaf(sb, part[i][2], acc[i][2]);
-                    acc[i][3] = fmaf(sb, part[i][3], acc[i][3]);
-                }
-            }
+            int4_step<kMT>(acc, v[0][0], v[1][0], t, ng - kb / 32,
+                           [&](int i, int G) { return __ldg((const uint4 *)(xr[i] + kb + 32 * G + 8 * t)); },
+                           [&](int G, int h) {
+                               return bf16_bits(__ldg((const uint16_t *)scale + (size_t)(h ? r1 : r0) * ng + kb / 32 + G));
+                           });
         } else {
             const uint32_t q0[8] = {v[0][0].x, v[0][0].y, v[0][0].z, v[0][0].w, v[0][1].x, v[0][1].y, v[0][1].z, v[0][1].w};
             const uint32_t q1[8] = {v[1][0].x, v[1][0].y, v[1][0].z, v[1][0].w, v[1][1].x, v[1][1].y, v[1][1].z, v[1][1].w};
-            const int sk = (K + kStep - 1) / kStep;
-            const float sc = __ldg((const float *)scale + (size_t)(n0 / KDT_QGEMM_FP8_BLOCK) * sk + kb / KDT_QGEMM_FP8_BLOCK);
+            const float sc = __ldg((const float *)scale + (size_t)(n0 / KDT_QGEMM_FP8_BLOCK) * steps + kb / KDT_QGEMM_FP8_BLOCK);
             const bool in1 = kb + 32 * t + 16 < K; /* K % 16 == 0: each 8-k half of x is all in or out */
-            float part[kMT][4] = {};
-#pragma unroll
-            for (int u = 0; u < 4; u++) { /* x k kb + 32t + 8u .. + 7: mmas j = 2u, 2u + 1 */
-                const bool in = u < 2 ? kb + 32 * t < K : in1;
-                uint4 xv[kMT];
-#pragma unroll
-                for (int i = 0; i < kMT; i++) xv[i] = in ? __ldg((const uint4 *)(xr[i] + kb + 32 * t) + u) : make_uint4(0, 0, 0, 0);
-                /* mma j: lane t's k kb + 32t + 4j .. + 3, i.e. byte word j of each row */
-#pragma unroll
-                for (int j = 2 * u; j < 2 * u + 2; j++) {
-                    const uint32_t a0 = e4m3x2_bf16x2(q0[j]), a1 = e4m3x2_bf16x2(q1[j]);
-                    const uint32_t a2 = e4m3x2_bf16x2(q0[j] >> 16), a3 = e4m3x2_bf16x2(q1[j] >> 16);
-#pragma unroll
-                    for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, j & 1 ? xv[i].z : xv[i].x, j & 1 ? xv[i].w : xv[i].y);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < kMT; i++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) acc[i][c] = fmaf(sc, part[i][c], acc[i][c]);
+            fp8_step<kMT>(acc, q0, q1, sc, [&](int i, int u) {
+                return (u < 2 ? kb + 32 * t < K : in1) ? __ldg((const uint4 *)(xr[i] + kb + 32 * t) + u) : make_uint4(0, 0, 0, 0);
+            });
         }
     }
     asm volatile("cp.async.wait_all;" ::: "memory"); /* the zero-filled copies past the slice, before the block ends */
-    /* c0, c1: row g, x rows 2t, 2t + 1; c2, c3: row g + 8. */
-    const int row = warp * 16 + g;
+    tile_reduce<kMT, kWarps>(red, acc, y, M, N, m0, n0);
+}
+
+/* One step of the streaming kernel's ring (kW warps, 16 kW rows): everything a step computes on is
+ * copied ahead, so no global load sits between a step's wait and its mmas. */
+template <bool kInt4, int kMT, int kW>
+struct RingStage {
+    uint4 w[kW][kInt4 ? 2 : 4][32]; /* each lane's own weight bytes, [row r * loads + load l] */
+    uint4 x[kMT][4][32];            /* [tile i][chunk u][lane]: x row 8i + g at k_u (below) .. + 7 */
+    uint32_t s[kInt4 ? 48 * kW : 4]; /* int4: each tile row's 4 group scales inside 3 aligned words; fp8: the block scale */
+};
+/* About 14 KB of ring a warp (4 warps a block: 4 blocks an SM): 3 to 8 steps. */
+template <bool kInt4, int kMT, int kW>
+__host__ __device__ constexpr int ring_stages() {
+    return 14336 * kW / (int)sizeof(RingStage<kInt4, kMT, kW>) < 3   ? 3
+         : 14336 * kW / (int)sizeof(RingStage<kInt4, kMT, kW>) > 8 ? 8
+                                                                     : 14336 * kW / (int)sizeof(RingStage<kInt4, kMT, kW>);
+}
+template <bool kInt4, int kMT, int kW>
+__host__ __device__ constexpr size_t ring_bytes() { return ring_stages<kInt4, kMT, kW>() * sizeof(RingStage<kInt4, kMT, kW>); }
+
+/* Streaming decode kernel (the path for M <= 32): the tiles, fragments and arithmetic of qgemm_kernel
+ * with kW warps a block (16 kW rows: 8 halves the x bytes a weight byte costs at M = 32), but the
+ * warps share one ring in dynamic shared memory that holds, kStages - 1 steps ahead, the weights
+ * (each lane its own bytes), the step's x (through L1: the SM's blocks share x) and its scales; one
+ * barrier per step makes the step visible to all and frees the slot read the step before.
+ * Every copy instruction of a warp reads whole 32-byte sectors: an FP8 lane's 32 bytes of a row are
+ * bytes 16t .. and 64 + 16t .. of the step (so its byte b is k kb + 64 (b / 16) + 16t + b % 16, and
+ * x chunk u, bytes 8u .. 8u + 7, is k_u = kb + 64 (u / 2) + 16t + 8 (u % 2)); INT4 lane t holds group
+ * t as in qgemm_kernel (k_u = kb + 32u + 8t). Thread (warp w, lane 4g + q) copies x piece p = 4w + q
+ * (k kb + 8p .. + 7) of row g, 64 contiguous bytes a row per instruction, into the reader's slot. */
+template <bool kInt4, int kMT, int kW>
+__global__ void __launch_bounds__(32 * kW) qgemm_ring_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
+                                                            const void *__restrict__ scale, float *__restrict__ y, int M, int N,
+                                                            int K) {
+    using Stage = RingStage<kInt4, kMT, kW>;
+    constexpr int kStages = ring_stages<kInt4, kMT, kW>(), kRows = 16 * kW;
+    constexpr int kLd = kInt4 ? 1 : 2, kRowBytes = kInt4 ? 64 : 128;
+    static_assert(KDT_QGEMM_FP8_BLOCK % kRows == 0 && sizeof(float) * kMaxM * (kRows + 4) <= ring_bytes<kInt4, kMT, kW>(),
+                  "a tile in one FP8 block row; the partial tile fits in the ring");
+    extern __shared__ uint4 smem[];
+    Stage *ring = reinterpret_cast<Stage *>(smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * kRows, m0 = blockIdx.z * kMaxM, S = gridDim.y, rank = blockIdx.y;
+    const int steps = (K + kStep - 1) / kStep, s0 = rank * steps / S, s1 = (rank + 1) * steps / S;
+    const size_t ldw = kInt4 ? (size_t)K / 2 : (size_t)K;
+    const int ng = K / 32; /* int4 groups per row */
+    const int r0 = min(n0 + warp * 16 + g, N - 1), r1 = min(n0 + warp * 16 + g + 8, N - 1);
+    const uint8_t *wr[2] = {w + r0 * ldw, w + r1 * ldw};
+    const uint32_t *sw = (const uint32_t *)scale; /* int4: 4-byte aligned (the launcher checks) */
+
+    /* Past K or past the slice the copies zero-fill (x too, so the products there are 0). */
+    auto issue = [&](int s) {
+        Stage &st = ring[(s - s0) % kStages];
+        const bool live = s < s1;
 #pragma unroll
-    for (int i = 0; i < kMT; i++) {
-        red[8 * i + 2 * t][row] = acc[i][0];
-        red[8 * i + 2 * t + 1][row] = acc[i][1];
-        red[8 * i + 2 * t][row + 8] = acc[i][2];
-        red[8 * i + 2 * t + 1][row + 8] = acc[i][3];
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int l = 0; l < kLd; l++) {
+                const int off = s * kRowBytes + 16 * t + 64 * l;
+                const bool in = live && off < (int)ldw;
+                cp16<false>(&st.w[warp][r * kLd + l][lane], in ? wr[r] + off : wr[r], in);
+            }
+        for (int c = warp; c < 4 * kMT; c += kW) { /* pieces 4 (c % 4) .. + 3 of tile i = c / 4 */
+            const int p = 4 * (c % 4) + t, i = c / 4, k = s * kStep + 8 * p;
+            const int u = kInt4 ? p / 4 : 2 * (p / 8) + p % 2, tr = kInt4 ? p % 4 : p % 8 / 2; /* the reader's chunk, lane */
+            const bool in = live && k < K;
+            const __nv_bfloat16 *xr = x + (size_t)min(m0 + 8 * i + g, M - 1) * K;
+            cp16<true>(&st.x[i][u][4 * g + tr], in ? xr + k : xr, in);
+        }
+        if constexpr (kInt4) {
+            /* Row lr's groups 4s .. 4s + 3 are bf16 e .. e + 3 (e = row * ng + 4s): words e / 2 .. + 2. */
+            for (int j = threadIdx.x; j < 3 * kRows; j += 32 * kW) {
+                const long long wi = ((long long)min(n0 + j / 3, N - 1) * ng + 4 * s) / 2 + j % 3;
+                const int bytes = live ? (int)min(4ll, max(0ll, 2 * ((long long)N * ng - 2 * wi))) : 0;
+                cp4(&st.s[j], bytes ? sw + wi : sw, bytes);
+            }
+        } else if (threadIdx.x == 0) {
+            const float *sc = (const float *)scale + (size_t)(n0 / KDT_QGEMM_FP8_BLOCK) * steps + s;
+            cp4(&st.s[0], live ? sc : (const float *)scale, live ? 4 : 0);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+
+    float acc[kMT][4] = {};
+#pragma unroll
+    for (int i = 0; i < kStages - 1; i++) issue(s0 + i);
+    for (int s = s0; s < s1; s++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory"); /* this thread's copies of step s */
+        __syncthreads();         /* everyone's copies of step s; everyone done with step s - 1 */
+        issue(s + kStages - 1); /* into step s - 1's slot */
+        const Stage &st = ring[(s - s0) % kStages];
+        const int kb = s * kStep;
+        if constexpr (kInt4) {
+            const uint16_t *s16 = (const uint16_t *)st.s;
+            const int lr = warp * 16 + g, p0 = (int)(((long long)r0 * ng) & 1), p1 = (int)(((long long)r1 * ng) & 1);
+            int4_step<kMT>(acc, st.w[warp][0][lane], st.w[warp][1][lane], t, ng - kb / 32,
+                           [&](int i, int G) { return st.x[i][G][lane]; },
+                           [&](int G, int h) { return bf16_bits(h ? s16[6 * (lr + 8) + p1 + G] : s16[6 * lr + p0 + G]); });
+        } else {
+            const uint4 a = st.w[warp][0][lane], b = st.w[warp][1][lane], c = st.w[warp][2][lane], d = st.w[warp][3][lane];
+            const uint32_t q0[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            const uint32_t q1[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+            fp8_step<kMT>(acc, q0, q1, __uint_as_float(st.s[0]), [&](int i, int u) { return st.x[i][u][lane]; });
+        }
     }
-    cluster.sync();
-    /* Rank r sums its share of the tile over the cluster's ranks in order. */
-    const int mrows = min(M - m0, kMT * 8), total = mrows * kTileN;
-    const int e0 = rank * total / S, e1 = (rank + 1) * total / S;
-    for (int e = e0 + threadIdx.x; e < e1; e += kThreads) {
-        const int m = e / kTileN, c = e % kTileN;
-        float v = 0;
-        for (int q = 0; q < S; q++) v += cluster.map_shared_rank(&red[0][0], q)[m * kRedPitch + c];
-        if (n0 + c < N) y[(size_t)(m0 + m) * N + n0 + c] = v;
-    }
-    cluster.sync(); /* no block leaves while another reads its partials */
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads(); /* the ring becomes the partial tile */
+    tile_reduce<kMT, kW>(reinterpret_cast<float *>(smem), acc, y, M, N, m0, n0);
 }
 
 /* One thread per 16-byte chunk of w (16 e4m3 values, or 32 int4 values = one group): out [N, K]
@@ -254,24 +405,27 @@ kdt_status check(const char *what, const void *x, const void *w, int32_t M, int3
     return KDT_OK;
 }
 
-/* Cluster size S: as many blocks as fit at once (one wave: a second, partial wave would stream its
- * tail with few bytes in flight), at most 8 (the portable cluster) and one step of K each. */
-template <bool kInt4, int kMT>
-kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N, int32_t K, cudaStream_t st,
-                     const char *what) {
-    static int resident = 0; /* blocks per multiprocessor times multiprocessors */
+using QgemmKernel = void (*)(const __nv_bfloat16 *, const uint8_t *, const void *, float *, int, int, int);
+
+/* Grid (tiles of 16 x warps rows, S, ceil(M / 32)) in clusters of (1, S, 1). S: as many blocks as
+ * fit at once (one wave: a second, partial wave would stream its tail with few bytes in flight), at
+ * most 8 (the portable cluster) and one step of K each. `resident` caches blocks an SM times SMs. */
+kdt_status launch_clustered(QgemmKernel kern, int warps, size_t smem, int &resident, const void *x, const void *w, const void *scale,
+                            float *y, int32_t M, int32_t N, int32_t K, cudaStream_t st, const char *what) {
     if (!resident) {
         int dev = 0, sms = 0, per_sm = 0;
         KDT_CUDA_CHECK(cudaGetDevice(&dev));
         KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemm_kernel<kInt4, kMT>, kThreads, 0));
+        if (smem) KDT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32 * warps, smem));
         resident = sms * (per_sm > 0 ? per_sm : 1);
     }
-    const int tiles = (N + kTileN - 1) / kTileN, steps = (K + kStep - 1) / kStep;
+    const int tiles = (N + 16 * warps - 1) / (16 * warps), steps = (K + kStep - 1) / kStep;
     const int S = max(1, min(min(8, steps), resident / tiles));
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(tiles, S, (M + kMaxM - 1) / kMaxM);
-    cfg.blockDim = dim3(kThreads);
+    cfg.blockDim = dim3(32 * warps);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
@@ -280,8 +434,8 @@ kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, 
     attr.val.clusterDim.z = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, qgemm_kernel<kInt4, kMT>, (const __nv_bfloat16 *)x, (const uint8_t *)w,
-                                             scale, y, (int)M, (int)N, (int)K);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y, (int)M, (int)N,
+                                             (int)K);
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d x %d blocks in clusters of %d: %s", what, tiles, S, cfg.gridDim.z, S,
                         cudaGetErrorString(e));
@@ -289,17 +443,41 @@ kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, 
     return KDT_OK;
 }
 
+template <bool kInt4, int kMT>
+kdt_status launch_mt(bool stream_kernel, const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N, int32_t K,
+                     cudaStream_t st, const char *what) {
+    static int resident[3], optin = -1; /* optin: shared memory a block may have (the 8-warp rings need ~110 KB) */
+    if (optin < 0) {
+        int dev = 0;
+        KDT_CUDA_CHECK(cudaGetDevice(&dev));
+        KDT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    /* 8 warps where x is 17 .. 32 rows and N has 16 or more such tiles: half the x bytes per weight byte */
+    if constexpr (kMT >= 3)
+        if (stream_kernel && N >= 2048 && ring_bytes<kInt4, kMT, 8>() <= (size_t)optin)
+            return launch_clustered(qgemm_ring_kernel<kInt4, kMT, 8>, 8, ring_bytes<kInt4, kMT, 8>(), resident[2], x, w, scale, y, M,
+                                    N, K, st, what);
+    if (stream_kernel)
+        return launch_clustered(qgemm_ring_kernel<kInt4, kMT, 4>, 4, ring_bytes<kInt4, kMT, 4>(), resident[0], x, w, scale, y, M, N,
+                                K, st, what);
+    return launch_clustered(qgemm_kernel<kInt4, kMT>, kWarps, 0, resident[1], x, w, scale, y, M, N, K, st, what);
+}
+
+/* The streaming kernel for M <= 32 (AUTO) or any M (STREAM), where its 4-byte copies of INT4
+ * scales are aligned; qgemm_kernel otherwise. */
 template <bool kInt4>
-kdt_status launch(const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N, int32_t K, void *stream,
-                  const char *what) {
+kdt_status launch(kdt_qgemm_kernel kernel, const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N,
+                  int32_t K, void *stream, const char *what) {
     kdt_status s = check(what, x, w, M, N, K, kInt4 ? 32 : 16);
     if (s != KDT_OK || M == 0) return s;
     const cudaStream_t st = (cudaStream_t)stream;
+    const bool ring = kernel != KDT_QGEMM_BASELINE && (kernel == KDT_QGEMM_STREAM || M <= kMaxM) &&
+                      (!kInt4 || (uintptr_t)scale % 4 == 0);
     switch ((M < kMaxM ? M + 7 : kMaxM) / 8) { /* x tiles of 8 rows; past 32 rows, one block row per 32 */
-    case 1: return launch_mt<kInt4, 1>(x, w, scale, y, M, N, K, st, what);
-    case 2: return launch_mt<kInt4, 2>(x, w, scale, y, M, N, K, st, what);
-    case 3: return launch_mt<kInt4, 3>(x, w, scale, y, M, N, K, st, what);
-    default: return launch_mt<kInt4, 4>(x, w, scale, y, M, N, K, st, what);
+    case 1: return launch_mt<kInt4, 1>(ring, x, w, scale, y, M, N, K, st, what);
+    case 2: return launch_mt<kInt4, 2>(ring, x, w, scale, y, M, N, K, st, what);
+    case 3: return launch_mt<kInt4, 3>(ring, x, w, scale, y, M, N, K, st, what);
+    default: return launch_mt<kInt4, 4>(ring, x, w, scale, y, M, N, K, st, what);
     }
 }
 
@@ -320,12 +498,12 @@ kdt_status launch_dequant(const void *w, const void *scale, void *out, int32_t N
 
 extern "C" kdt_status kdt_qgemm_fp8(const void *x, const void *w, const float *scale, float *y, int32_t M, int32_t N, int32_t K,
                                     void *stream) {
-    return launch<false>(x, w, scale, y, M, N, K, stream, "qgemm_fp8");
+    return launch<false>(KDT_QGEMM_AUTO, x, w, scale, y, M, N, K, stream, "qgemm_fp8");
 }
 
 extern "C" kdt_status kdt_qgemm_int4(const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N, int32_t K,
                                      void *stream) {
-    return launch<true>(x, w, scale, y, M, N, K, stream, "qgemm_int4");
+    return launch<true>(KDT_QGEMM_AUTO, x, w, scale, y, M, N, K, stream, "qgemm_int4");
 }
 
 extern "C" kdt_status kdt_dequant_fp8_bf16(const void *w, const float *scale, void *out, int32_t N, int32_t K, void *stream) {
@@ -334,4 +512,10 @@ extern "C" kdt_status kdt_dequant_fp8_bf16(const void *w, const float *scale, vo
 
 extern "C" kdt_status kdt_dequant_int4_bf16(const void *w, const void *scale, void *out, int32_t N, int32_t K, void *stream) {
     return launch_dequant<true>(w, scale, out, N, K, stream, "dequant_int4_bf16");
+}
+
+extern "C" kdt_status kdt_qgemm_with(kdt_qgemm_kernel kernel, int int4, const void *x, const void *w, const void *scale, float *y,
+                                     int32_t M, int32_t N, int32_t K, void *stream) {
+    return int4 ? launch<true>(kernel, x, w, scale, y, M, N, K, stream, "qgemm_int4")
+                : launch<false>(kernel, x, w, scale, y, M, N, K, stream, "qgemm_fp8");
 }
