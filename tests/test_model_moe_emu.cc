@@ -144,9 +144,9 @@ static std::vector<float> run_case(const char *name, int R, int K, int E, int hi
     T *ap = act.data();
     float *yp = out.data();
     const unsigned gy = dense ? 1u : (unsigned)E, gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
-    launch((I + gu_cols - 1) / gu_cols, gy, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, wg, hid, I, ap, R, false); });
+    launch((I + gu_cols - 1) / gu_cols, gy, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, WPlain<T>{wg}, hid, I, ap, R, false); });
     launch((hid + down_cols - 1) / down_cols, gy,
-           [=] { moe_small_kernel<T, false, kRows>(ap, pp, K, cp, op, wdp, I, hid, yp, R, dense); });
+           [=] { moe_small_kernel<T, false, kRows>(ap, pp, K, cp, op, WPlain<T>{wdp}, I, hid, yp, R, dense); });
     double err_act = 0, err_out = 0;
     for (int p = 0; p < n; p++) {
         const int e = idx[perm[p]], row = perm[p] / K;

@@ -25,4 +25,8 @@ kdt_status kdt_cuda_fill_bytes(void *dst, int byte, size_t n) {
     (void)dst; (void)byte; (void)n;
     return kdt_no_cuda("device fill");
 }
+kdt_status kdt_cuda_fill_codes(void *dst, size_t n, uint64_t seed, uint8_t mask) {
+    (void)dst; (void)n; (void)seed; (void)mask;
+    return kdt_no_cuda("random weights");
+}
 #endif

@@ -37,15 +37,26 @@ template <typename T> __device__ __forceinline__ void store8(T *dst, const T *sr
         ((float4 *)dst)[1] = ((const float4 *)src)[1];
     }
 }
+/* The weights as the kernel reads them: a row handle per weight row, and 8 consecutive values of
+ * a row (from a multiple of 8) as floats. WPlain: [E, rows, n_in] in the activations' type;
+ * moe.cu adds the quantized formats. */
+template <typename T> struct WPlain {
+    const T *w;
+    typedef const T *Row;
+    __device__ __forceinline__ Row row(int e, size_t rows_w, size_t r, int n_in) const { return w + ((size_t)e * rows_w + r) * n_in; }
+    __device__ __forceinline__ void load(Row r, int k, float (&f)[8]) const { load8(r + k, f); }
+};
+
 /* kGateUp: w [E, 2I, n_in] (gate rows, then up rows), input rows x[perm[p] / K] of x [*, n_in]
  * (row p without perm), out act [n, I] (T) = silu(gate) * up at each assignment's place p;
  * columns I, a warp computes gate and up of kW / 2 columns. Else: w [E, n_out, n_in], input rows
  * in[p] of [n, n_in], out [n, n_out] f32 (added to when accumulate); a warp computes kW columns.
- * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. */
-template <typename T, bool kGateUp, int kRows>
+ * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. w: WPlain<T> or a quantized
+ * format of moe.cu. */
+template <typename T, bool kGateUp, int kRows, typename WF>
 __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1) moe_small_kernel(const T *__restrict__ in, const int32_t *__restrict__ perm, int K,
                                                              const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
-                                                             const T *__restrict__ w, int n_in, int n_out, void *out,
+                                                             const WF w, int n_in, int n_out, void *out,
                                                              int dense_rows, bool accumulate) {
     constexpr int kChunk = kChunkBytes / (int)sizeof(T); /* elements of a staged row */
     constexpr int kColsPerWarp = kGateUp ? kW / 2 : kW;
@@ -55,15 +66,14 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
     const int off = counts ? offs[e] : 0, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int col0 = (blockIdx.x * kWarps + warp) * kColsPerWarp;
     const size_t rows_w = kGateUp ? 2 * (size_t)n_out : (size_t)n_out;
-    const T *we = w + (size_t)e * rows_w * n_in;
-    const T *wr[kW];
+    typename WF::Row wr[kW];
     bool ok[kW];
 #pragma unroll
     for (int q = 0; q < kW; q++) {
         const int c = col0 + (kGateUp ? q / 2 : q);
         ok[q] = c < n_out;
         const size_t row = kGateUp && (q & 1) ? (size_t)n_out + c : (size_t)c;
-        wr[q] = we + (ok[q] ? row : 0) * n_in;
+        wr[q] = w.row(e, rows_w, ok[q] ? row : 0, n_in);
     }
     for (int r0 = 0; r0 < cnt; r0 += kRows) {
         const int nr = min(kRows, cnt - r0);
@@ -87,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
             for (int i = lane * 8; i < len; i += 32 * 8) {
                 float wv[kW][8];
 #pragma unroll
-                for (int q = 0; q < kW; q++) load8(wr[q] + c0 + i, wv[q]);
+                for (int q = 0; q < kW; q++) w.load(wr[q], c0 + i, wv[q]);
 #pragma unroll
                 for (int r = 0; r < kRows; r++) {
                     if (r >= nr) break;
