@@ -25,7 +25,15 @@ step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit (cut to what is
     note "$name: exit $rc in $((SECONDS - t0)) s"
     return $rc
 }
-counts() { note "$1: $(grep -c '^PASS' "$LOGS/$1.log") passed, $(grep -c '^FAIL' "$LOGS/$1.log") failed, $(grep -c '^SKIP' "$LOGS/$1.log") skipped"; }
+run_tests() {  # run_tests TIMEOUT NAME...: each test binary, its FAIL/SKIP lines and counts
+    local limit=$1 t; shift
+    for t in "$@"; do
+        [ -x "$T/$t" ] || { note "$t: not built"; continue; }
+        step "$t" "$limit" "$T/$t"
+        grep -E '^(FAIL|SKIP) |device bytes' "$LOGS/$t.log" | head -20
+        note "$t: $(grep -c '^PASS' "$LOGS/$t.log") passed, $(grep -c '^FAIL' "$LOGS/$t.log") failed, $(grep -c '^SKIP' "$LOGS/$t.log") skipped"
+    done
+}
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh
@@ -36,12 +44,7 @@ T="$BUILD/tests"
 step build 220 make -j16 "${MAKEVARS[@]}" "$BUILD/kdt" "$T/test_quant_cuda" "$T/test_model_graph" "$T/test_model_cuda" \
     "$T/test_model_moe_emu" "$BUILD/bench/bench_model_quant" || tail -30 "$LOGS/build.log"
 
-for t in test_quant_cuda test_model_moe_emu; do
-    [ -x "$T/$t" ] || { note "$t: not built"; continue; }
-    step "$t" 60 "$T/$t"
-    grep -E '^(FAIL|SKIP) |device bytes' "$LOGS/$t.log" | head -20
-    counts "$t"
-done
+run_tests 60 test_quant_cuda test_model_moe_emu
 
 # kdt generate on the K2.6-layout INT4 and the DeepSeek-V3-layout FP8 folders: CUDA (quantized weights) against the CPU (exact f32)
 # from the fixture's own prompt (printed by test_quant_cuda), where its greedy steps have margins
@@ -61,12 +64,7 @@ done
 cp "$LOGS/bench_model_quant.log" "$OUT/bench_model_quant.md" 2>/dev/null
 grep -E '^(\||#)' "$LOGS/bench_model_quant.log" 2>/dev/null
 
-for t in test_model_graph test_model_cuda; do
-    [ -x "$T/$t" ] || { note "$t: not built"; continue; }
-    step "$t" 60 "$T/$t"
-    grep -E '^(FAIL|SKIP) ' "$LOGS/$t.log" | head -20
-    counts "$t"
-done
+run_tests 60 test_model_graph test_model_cuda
 
 echo
 echo "== summary (logs in $LOGS)"
