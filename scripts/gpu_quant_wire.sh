@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 23, weights kept quantized on the GPU (src/model/cuda/linear.cu, moe.cu's quantized experts), on
-# one H200 in under 420 s: builds for sm_90a, runs test_quant_cuda (the FP8 and INT4 fixtures through the
-# CUDA forward against their dequantized twins and the CPU), `kdt generate` on both fixtures on both
-# backends (the CUDA ids must equal the CPU's), test_model_graph and test_model_cuda (every fixture, graphs),
-# then bench_model_quant (K2.6-layout INT4 and DeepSeek-V3-layout FP8 decode at batch 1, 8, 32 against
-# the bytes-over-bandwidth floor, memory per layer against bf16). Logs in $OUT/logs, the bench's tables in
+# one H200 in under 420 s: builds for sm_90a; runs test_quant_cuda (the FP8 and INT4 fixtures through the
+# CUDA forward against their dequantized twins and the CPU); `kdt generate` on both fixtures on both
+# backends (the CUDA ids must equal the CPU's); test_model_graph; bench_model_quant (K2.6-layout INT4 and
+# DeepSeek-V3-layout FP8 decode at batch 1, 8, 32 against the bytes-over-bandwidth floor, memory per layer
+# against bf16); last test_model_cuda (every fixture). Logs in $OUT/logs, the bench's tables in
 # $OUT/bench_model_quant.md; one summary line per step, printed last.
 set -u
 cd "$(dirname "$0")/.."
@@ -59,12 +59,15 @@ for fx in int4_k26 fp8; do
     if [ -n "$b" ] && [ "$a" = "$b" ]; then note "PASS generate $fx cuda = cpu: $b"; else note "FAIL generate $fx: cpu '$a' cuda '$b'"; fi
 done
 
+run_tests 50 test_model_graph
+
 [ -x "$BUILD/bench/bench_model_quant" ] &&
-    step bench_model_quant 150 "$BUILD/bench/bench_model_quant" --decode 16
+    step bench_model_quant 120 "$BUILD/bench/bench_model_quant" --decode 16
 cp "$LOGS/bench_model_quant.log" "$OUT/bench_model_quant.md" 2>/dev/null
 grep -E '^(\||#)' "$LOGS/bench_model_quant.log" 2>/dev/null
+while read -r line; do note "bench: $line"; done < <(grep -E '^## |^\| (1|8|32) \|' "$LOGS/bench_model_quant.log" 2>/dev/null)
 
-run_tests 60 test_model_graph test_model_cuda
+run_tests 60 test_model_cuda  # last: every fixture, on what time is left
 
 echo
 echo "== summary (logs in $LOGS)"
