@@ -14,8 +14,6 @@
  * (an expert has at most one assignment per row): fewer accumulators, more blocks per SM, more
  * loads in flight at decode. The kernel itself is in moe.cuh (run on CPU threads by
  * tests/test_model_moe_emu.cc). */
-#include <cuda_fp8.h>
-
 #include "common/cuda/cuda_common.cuh"
 #include "model/cuda/kernels.h"
 #include "model/cuda/linear.h"
@@ -26,42 +24,7 @@ namespace {
 
 typedef __nv_bfloat16 bf16;
 
-/* Quantized experts (kdt_dlin, FP8 128x128 blocks or INT4 groups of 32): each 8-value slice is
- * dequantized to f32 in registers (code times its scale) as the kernel reads it, so the weights
- * stream at their stored size. A stack of two parts (gate, up) maps row r to part r >= N0. */
-template <bool kInt4> struct WQuant {
-    const uint8_t *w[2], *s[2];
-    int N, N0, K;
-    struct Row {
-        const uint8_t *w, *s;
-    };
-    __device__ __forceinline__ Row row(int e, size_t, size_t r, int) const {
-        const int p = r >= (size_t)N0;
-        const size_t pr = p ? N - N0 : N0, lr = r - (p ? N0 : 0);
-        if (kInt4) return {w[p] + ((size_t)e * pr + lr) * (K / 2), s[p] + ((size_t)e * pr + lr) * (K / 32) * 2};
-        const size_t kb = (K + 127) / 128;
-        return {w[p] + ((size_t)e * pr + lr) * K, s[p] + ((size_t)e * ((pr + 127) / 128) + lr / 128) * kb * 4};
-    }
-    __device__ __forceinline__ void load(const Row &r, int k, float (&f)[8]) const {
-        if (kInt4) {
-            const uint32_t v = *(const uint32_t *)(r.w + k / 2);
-            const float sc = __bfloat162float(((const bf16 *)r.s)[k / 32]);
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = (float)((int)((v >> (4 * j)) & 15u) - 8) * sc;
-        } else {
-            const uint2 v = *(const uint2 *)(r.w + k);
-            const float sc = ((const float *)r.s)[k / 128];
-            const unsigned short b[4] = {(unsigned short)v.x, (unsigned short)(v.x >> 16), (unsigned short)v.y,
-                                         (unsigned short)(v.y >> 16)};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 t = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(b[j], __NV_E4M3)));
-                f[2 * j] = t.x * sc, f[2 * j + 1] = t.y * sc;
-            }
-        }
-    }
-};
-
+/* moe.cuh's quantized reader over a kdt_dlin's parts. */
 template <bool kInt4> WQuant<kInt4> wquant(const kdt_dlin *d) {
     return {{(const uint8_t *)d->w[0], (const uint8_t *)d->w[1]}, {(const uint8_t *)d->scale[0], (const uint8_t *)d->scale[1]},
             d->N, d->N0, d->K};
