@@ -41,6 +41,14 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+static float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 struct __nv_bfloat16 {
     uint16_t bits;
 };
@@ -75,6 +83,7 @@ static float __shfl_xor_sync(unsigned, float v, int mask) {
 }
 
 #include "model/cuda/moe.cuh"
+#include "model/quant.h"
 
 /* ---- emulated launches ---- */
 
@@ -115,13 +124,69 @@ static int g_fail;
 
 /* One case: R rows, each routed to K distinct of E experts (dense: one expert, all rows), hidden
  * hid, expert width I. Returns the outputs (act then out) for the bit comparison. */
-template <typename T, int kRows>
+/* Quantized experts as the forward holds them (kdt_dlin) and their dequantization by the CPU's
+ * dequantizers (src/model/quant.c), the reference: gate/up E x [2I, hid] in two parts when FP8's
+ * 128-row blocks cannot span the stack (I % 128 != 0), down E x [hid, I]. */
+struct QExperts {
+    std::vector<uint8_t> w[3], s[3]; /* gate/up parts 0 and 1, down */
+    std::vector<float> gu, d;        /* dequantized [E, 2I, hid], [E, hid, I] */
+};
+
+/* n matrices [rows, cols] of random codes and scales, dequantized into out (matrix stride `stride`
+ * rows of cols, from row `at`). FP8 codes keep |v| < 2 (top exponent bit clear). */
+static void q_make(bool int4, int n, int rows, int cols, std::vector<uint8_t> &w, std::vector<uint8_t> &s, float *out,
+                   int stride, int at) {
+    const size_t rb = int4 ? cols / 2 : cols, sb = int4 ? (size_t)rows * (cols / 32) * 2 : (size_t)((rows + 127) / 128) * ((cols + 127) / 128) * 4;
+    w.resize(n * rows * rb);
+    s.resize(n * sb);
+    for (auto &b : w) b = (uint8_t)(rnd() & (int4 ? 0xFF : 0xBF));
+    for (size_t i = 0; i < s.size(); i += int4 ? 2 : 4) {
+        const float v = (0.05f + 0.02f * uni()) * (int4 ? 0.1f : 1.0f);
+        if (int4) {
+            const bf16 h = from_f32<bf16>(v);
+            memcpy(&s[i], &h, 2);
+        } else {
+            memcpy(&s[i], &v, 4);
+        }
+    }
+    std::vector<float> tmp((size_t)rows * cols);
+    for (int e = 0; e < n; e++) {
+        if (int4) kdt_dequant_int4(&w[e * rows * rb], &s[e * sb], rows, cols, 32, tmp.data());
+        else kdt_dequant_fp8(&w[e * rows * rb], &s[e * sb], rows, cols, 128, 128, tmp.data());
+        memcpy(out + ((size_t)e * stride + at) * cols, tmp.data(), tmp.size() * sizeof(float));
+    }
+}
+
+static QExperts q_experts(bool int4, int E, int hid, int I) {
+    QExperts q;
+    q.gu.resize((size_t)E * 2 * I * hid);
+    q.d.resize((size_t)E * hid * I);
+    if (int4 || I % 128 == 0) {
+        q_make(int4, E, 2 * I, hid, q.w[0], q.s[0], q.gu.data(), 2 * I, 0);
+    } else {
+        q_make(int4, E, I, hid, q.w[0], q.s[0], q.gu.data(), 2 * I, 0);
+        q_make(int4, E, I, hid, q.w[1], q.s[1], q.gu.data(), 2 * I, I);
+    }
+    q_make(int4, E, hid, I, q.w[2], q.s[2], q.d.data(), hid, 0);
+    return q;
+}
+
+template <bool kInt4> static WQuant<kInt4> q_reader(const QExperts &q, int p0, int p1, int N, int N0, int K) {
+    return {{q.w[p0].data(), q.w[p1].data()}, {q.s[p0].data(), q.s[p1].data()}, N, N0, K};
+}
+
+/* kFmt: 0 weights in T, 1 FP8, 2 INT4 (T bf16). */
+template <typename T, int kRows, int kFmt = 0>
 static std::vector<float> run_case(const char *name, int R, int K, int E, int hid, int I, bool dense,
                                    const std::vector<int> *fixed_route = nullptr) {
     g_rng = 0x4D4F45; /* the same weights and first rows in every case of one shape */
     std::vector<T> x((size_t)R * hid), wgu((size_t)E * 2 * I * hid), wd((size_t)E * hid * I);
     for (auto &v : wgu) v = from_f32<T>(uni() * 0.2f);
     for (auto &v : wd) v = from_f32<T>(uni() * 0.2f);
+    const QExperts q = kFmt ? q_experts(kFmt == 2, E, hid, I) : QExperts{};
+    std::vector<float> rgu(wgu.size()), rd(wd.size()); /* the reference's weights */
+    for (size_t i = 0; i < wgu.size(); i++) rgu[i] = kFmt ? q.gu[i] : to_f(wgu[i]);
+    for (size_t i = 0; i < wd.size(); i++) rd[i] = kFmt ? q.d[i] : to_f(wd[i]);
     for (auto &v : x) v = from_f32<T>(uni());
     std::vector<int> idx((size_t)R * K);
     for (int r = 0; r < R; r++) {
@@ -146,32 +211,42 @@ static std::vector<float> run_case(const char *name, int R, int K, int E, int hi
     float *yp = out.data();
     const unsigned gy = dense ? 1u : (unsigned)E, gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
     const unsigned gz = (unsigned)((R + kSliceRows - 1) / kSliceRows); /* as moe.cu's slices() */
-    launch((I + gu_cols - 1) / gu_cols, gy, gz, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, wg, hid, I, ap, R, false); });
-    launch((hid + down_cols - 1) / down_cols, gy, gz,
-           [=] { moe_small_kernel<T, false, kRows>(ap, pp, K, cp, op, wdp, I, hid, yp, R, dense); });
+    if (kFmt) {
+        const int N0 = q.w[1].empty() ? 2 * I : I;
+        const WQuant<kFmt == 2> qg = q_reader<kFmt == 2>(q, 0, N0 == I, 2 * I, N0, hid), qd = q_reader<kFmt == 2>(q, 2, 2, hid, hid, I);
+        launch((I + gu_cols - 1) / gu_cols, gy, gz, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, qg, hid, I, ap, R, false); });
+        launch((hid + down_cols - 1) / down_cols, gy, gz,
+               [=] { moe_small_kernel<T, false, kRows>(ap, pp, K, cp, op, qd, I, hid, yp, R, dense); });
+    } else {
+        launch((I + gu_cols - 1) / gu_cols, gy, gz,
+               [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, WPlain<T>{wg}, hid, I, ap, R, false); });
+        launch((hid + down_cols - 1) / down_cols, gy, gz,
+               [=] { moe_small_kernel<T, false, kRows>(ap, pp, K, cp, op, WPlain<T>{wdp}, I, hid, yp, R, dense); });
+    }
     double err_act = 0, err_out = 0;
     for (int p = 0; p < n; p++) {
         const int e = idx[perm[p]], row = perm[p] / K;
         for (int c = 0; c < I; c++) {
             double g = 0, u = 0;
             for (int i = 0; i < hid; i++) {
-                g += (double)to_f(x[(size_t)row * hid + i]) * to_f(wgu[((size_t)e * 2 * I + c) * hid + i]);
-                u += (double)to_f(x[(size_t)row * hid + i]) * to_f(wgu[((size_t)e * 2 * I + I + c) * hid + i]);
+                g += (double)to_f(x[(size_t)row * hid + i]) * rgu[((size_t)e * 2 * I + c) * hid + i];
+                u += (double)to_f(x[(size_t)row * hid + i]) * rgu[((size_t)e * 2 * I + I + c) * hid + i];
             }
             const double a = g / (1.0 + exp(-g)) * u;
             err_act = std::max(err_act, fabs(a - to_f(act[(size_t)p * I + c])) / (fabs(a) + 1e-2));
         }
         for (int c = 0; c < hid; c++) {
             double y = dense ? 0.5 : 0.0;
-            for (int i = 0; i < I; i++) y += (double)to_f(act[(size_t)p * I + i]) * to_f(wd[((size_t)e * hid + c) * I + i]);
+            for (int i = 0; i < I; i++) y += (double)to_f(act[(size_t)p * I + i]) * rd[((size_t)e * hid + c) * I + i];
             err_out = std::max(err_out, fabs(y - out[(size_t)p * hid + c]) / (fabs(y) + 1e-2));
         }
     }
     const double tol_act = sizeof(T) == 2 ? 8e-3 : 1e-5; /* bf16: act is rounded to bf16 */
     const bool ok = err_act <= tol_act && err_out <= 1e-5;
     g_fail += !ok;
-    printf("%s  moe kernel (emulated) %s %s, %d rows/pass: R %d K %d E %d hid %d I %d: act %.1e (<= %.0e), out %.1e (<= 1e-5)\n",
-           ok ? "PASS" : "FAIL", name, sizeof(T) == 2 ? "bf16" : "f32", kRows, R, K, E, hid, I, err_act, tol_act, err_out);
+    printf("%s  moe kernel (emulated) %s %s%s, %d rows/pass: R %d K %d E %d hid %d I %d: act %.1e (<= %.0e), out %.1e (<= 1e-5)\n",
+           ok ? "PASS" : "FAIL", name, sizeof(T) == 2 ? "bf16" : "f32", kFmt == 1 ? ", FP8 experts" : kFmt == 2 ? ", INT4 experts" : "",
+           kRows, R, K, E, hid, I, err_act, tol_act, err_out);
     std::vector<float> res;
     for (int p = 0; p < n; p++) /* row 0's outputs in choice order, for the batch check */
         if (perm[p] / K == 0)
@@ -189,6 +264,12 @@ int main() {
     run_case<bf16, 16>("routed, 2 row slices", kSliceRows + 3, 1, 1, 16, 8, false);
     run_case<bf16, 4>("dense", 3, 1, 1, 48, 24, true);
     run_case<float, 16>("dense", 16, 1, 1, 64, 40, true);
+    /* Quantized experts against the CPU's dequantizers: FP8 gate/up in two parts (I % 128 != 0) and
+     * in one (with a partial K block), INT4 (several groups per row, rows of 2 chunks). */
+    run_case<bf16, 4, 1>("routed", 3, 2, 4, 48, 24, false);
+    run_case<bf16, 1, 1>("routed", 1, 1, 2, 264, 128, false);
+    run_case<bf16, 16, 2>("routed", 5, 2, 3, 64, 32, false);
+    run_case<bf16, 1, 2>("routed, gate/up rows of 2 chunks", 1, 1, 2, 1056, 32, false);
     /* Row 0 routed to the same expert alone and in a batch of 12 (other rows share it). */
     const std::vector<int> route = {1};
     const std::vector<float> alone = run_case<bf16, 1>("row 0 alone", 1, 1, 2, 64, 24, false, &route);

@@ -70,7 +70,8 @@ typedef struct kdt_cache kdt_cache;
 /* Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from
  * dir: DeepSeek-V3 / Kimi K2, Moonlight, DeepSeek-V2, GLM-4.7-Flash, or the language model of
  * Kimi K2.5 / K2.6 / Kimi-VL (text_config, `language_model.` names). f32, bf16 and f16 weights,
- * FP8 blocks and compressed-tensors INT4 groups (docs/interfaces.md section 4; dequantized to f32 on the CPU);
+ * FP8 blocks and compressed-tensors INT4 groups (docs/interfaces.md section 4; dequantized to f32 on the CPU, kept
+ * quantized on the GPU by KDT_BACKEND_CUDA in bf16);
  * experts one tensor per expert (the hub's layout) or fused (transformers 5). Every missing tensor, wrong shape or bad field fails with a message naming
  * the file, tensor or field. KDT_BACKEND_CPU computes in f32, KDT_BACKEND_CUDA in bf16 (weights,
  * activations between GEMMs and the KV cache in bf16; accumulation, norms, the residual stream

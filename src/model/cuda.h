@@ -20,6 +20,8 @@ void       kdt_cuda_graph_counts(const struct kdt_cuda_ctx *ctx, int64_t *replay
  * uniform in [center - scale, center + scale), a hash of (seed, index); n bytes set to `byte`. */
 kdt_status kdt_cuda_fill_uniform(void *dst, kdt_dtype dtype, size_t n, uint64_t seed, float center, float scale);
 kdt_status kdt_cuda_fill_bytes(void *dst, int byte, size_t n);
+/* n random bytes (a hash of (seed, index)) ANDed with mask into dst (cuda/linear.cu): quantized codes. */
+kdt_status kdt_cuda_fill_codes(void *dst, size_t n, uint64_t seed, uint8_t mask);
 
 #ifdef __cplusplus
 }

@@ -37,4 +37,8 @@ void kdt_nccl_world_free(kdt_comm_world *w) { (void)w; }
 kdt_status kdt_nccl_init(kdt_comm *c) { (void)c; return kdt_no_cuda("NCCL communicator"); }
 void kdt_nccl_free(kdt_comm *c) { (void)c; }
 kdt_status kdt_nccl_run(kdt_comm *c, const kdt_comm_call *call) { (void)c; (void)call; return kdt_no_cuda("NCCL collective"); }
+kdt_status kdt_cuda_fill_codes(void *dst, size_t n, uint64_t seed, uint8_t mask) {
+    (void)dst; (void)n; (void)seed; (void)mask;
+    return kdt_no_cuda("random weights");
+}
 #endif

@@ -111,30 +111,28 @@ static kdt_status load(const loader *ld, const char *name, int nd, const int64_t
 #define D1(a) 1, (const int64_t[]){a}
 #define D2(a, b) 2, (const int64_t[]){a, b}
 
-/* FP8 blocks: `module`.weight F8_E4M3 [rows, cols] and its F32 weight_scale_inv per block. */
-static kdt_status linear_fp8(const loader *ld, const char *module, const kdt_st_tensor *w, int64_t rows, int64_t cols, float *dst) {
+/* FP8 blocks: the F32 weight_scale_inv per block of `module`, whose weight w is F8_E4M3 [rows, cols]. */
+static kdt_status fp8_scale(const loader *ld, const char *module, const kdt_st_tensor *w, int64_t rows, int64_t cols,
+                            const kdt_st_tensor **sc) {
     const kdt_ckpt_format *f = ld->fmt;
     char n[320];
-    const kdt_st_tensor *sc;
     if (f->quant != KDT_QUANT_FP8)
         return kdt_fail(KDT_ERR_DTYPE, "%s: tensor '%s%s.weight' is F8_E4M3 but config.json has no fp8 quantization_config",
                         w->file, f->prefix, module);
     snprintf(n, sizeof n, "%s.weight_scale_inv", module);
-    kdt_status s = find_as(ld, n, (const char *const[]){"F32", NULL},
-                           D2((rows + f->block_n - 1) / f->block_n, (cols + f->block_k - 1) / f->block_k), &sc);
-    if (s != KDT_OK) return s;
-    kdt_dequant_fp8(w->data, sc->data, rows, cols, f->block_n, f->block_k, dst);
-    return KDT_OK;
+    return find_as(ld, n, (const char *const[]){"F32", NULL},
+                   D2((rows + f->block_n - 1) / f->block_n, (cols + f->block_k - 1) / f->block_k), sc);
 }
 
-/* compressed-tensors INT4: weight_packed, weight_scale and weight_shape of `module`. */
-static kdt_status linear_int4(const loader *ld, const char *module, int64_t rows, int64_t cols, float *dst) {
+/* compressed-tensors INT4: weight_packed and weight_scale of `module`, checked against its weight_shape. */
+static kdt_status int4_find(const loader *ld, const char *module, int64_t rows, int64_t cols, const kdt_st_tensor **pk,
+                            const kdt_st_tensor **sc) {
     const int32_t g = ld->fmt->group;
     char n[320];
-    const kdt_st_tensor *pk, *sc, *sh;
+    const kdt_st_tensor *sh;
     kdt_status s;
     snprintf(n, sizeof n, "%s.weight_packed", module);
-    if ((s = find_as(ld, n, (const char *const[]){"I32", NULL}, D2(rows, (cols + 7) / 8), &pk)) != KDT_OK) {
+    if ((s = find_as(ld, n, (const char *const[]){"I32", NULL}, D2(rows, (cols + 7) / 8), pk)) != KDT_OK) {
         snprintf(n, sizeof n, "%s%s.weight", ld->fmt->prefix, module);
         if (s == KDT_ERR_NOT_FOUND && kdt_st_find(ld->st, n))
             return kdt_fail(s, "%s: tensor '%s%s.weight_packed' is missing: module '%s%s' is not in quantization_config's ignore "
@@ -142,7 +140,7 @@ static kdt_status linear_int4(const loader *ld, const char *module, int64_t rows
         return s;
     }
     snprintf(n, sizeof n, "%s.weight_scale", module);
-    if ((s = find_as(ld, n, (const char *const[]){"BF16", NULL}, D2(rows, (cols + g - 1) / g), &sc))) return s;
+    if ((s = find_as(ld, n, (const char *const[]){"BF16", NULL}, D2(rows, (cols + g - 1) / g), sc))) return s;
     snprintf(n, sizeof n, "%s.weight_shape", module);
     if ((s = find_as(ld, n, (const char *const[]){"I64", "I32", NULL}, D1(2), &sh))) return s;
     int64_t dims[2];
@@ -153,23 +151,54 @@ static kdt_status linear_int4(const loader *ld, const char *module, int64_t rows
     if (dims[0] != rows || dims[1] != cols)
         return kdt_fail(KDT_ERR_SHAPE, "%s: tensor '%s%s' holds [%lld, %lld], expected [%lld, %lld]", sh->file, ld->fmt->prefix, n,
                         (long long)dims[0], (long long)dims[1], (long long)rows, (long long)cols);
-    kdt_dequant_int4(pk->data, sc->data, rows, cols, g, dst);
     return KDT_OK;
 }
+
+static const char *const LINEAR_DTYPES[] = {"F32", "BF16", "F16", "F8_E4M3", NULL};
 
 /* The nn.Linear `module` [rows, cols] as f32 into dst: a float weight, FP8 blocks, or INT4 groups
  * unless the ignore list keeps the module in a float dtype. */
 static kdt_status linear_into(const loader *ld, const char *module, int64_t rows, int64_t cols, float *dst) {
     char n[320], full[320];
-    const kdt_st_tensor *t;
+    const kdt_st_tensor *t, *sc;
+    kdt_status s;
     snprintf(full, sizeof full, "%s%s", ld->fmt->prefix, module);
-    if (ld->fmt->quant == KDT_QUANT_INT4 && !kdt_ckpt_ignored(ld->fmt, full)) return linear_int4(ld, module, rows, cols, dst);
+    if (ld->fmt->quant == KDT_QUANT_INT4 && !kdt_ckpt_ignored(ld->fmt, full)) {
+        if ((s = int4_find(ld, module, rows, cols, &t, &sc))) return s;
+        kdt_dequant_int4(t->data, sc->data, rows, cols, ld->fmt->group, dst);
+        return KDT_OK;
+    }
     snprintf(n, sizeof n, "%s.weight", module);
-    kdt_status s = find_as(ld, n, (const char *const[]){"F32", "BF16", "F16", "F8_E4M3", NULL}, D2(rows, cols), &t);
-    if (s != KDT_OK) return s;
-    if (strcmp(t->dtype_name, "F8_E4M3") == 0) return linear_fp8(ld, module, t, rows, cols, dst);
+    if ((s = find_as(ld, n, LINEAR_DTYPES, D2(rows, cols), &t))) return s;
+    if (strcmp(t->dtype_name, "F8_E4M3") == 0) {
+        if ((s = fp8_scale(ld, module, t, rows, cols, &sc))) return s;
+        kdt_dequant_fp8(t->data, sc->data, rows, cols, ld->fmt->block_n, ld->fmt->block_k, dst);
+        return KDT_OK;
+    }
     convert(t, 0, t->numel, dst);
     return KDT_OK;
+}
+
+/* Whether the CUDA backend keeps `module` [rows, cols] quantized: a bf16 model, and a format and
+ * shape that src/cuda/quant_gemm.h takes (FP8 blocks of 128 x 128 with cols % 16 == 0; INT4
+ * groups of 32 with cols % 32 == 0). Then q holds the checkpoint's bytes. Anything else,
+ * including a tensor that fails its checks, is left to linear_into, which reports it. */
+static int quant_src(const loader *ld, const char *module, int64_t rows, int64_t cols, kdt_qsrc *q) {
+    const kdt_ckpt_format *f = ld->fmt;
+    char n[320];
+    const kdt_st_tensor *t, *sc;
+    *q = (kdt_qsrc){0};
+    if (ld->m->backend != KDT_BACKEND_CUDA || ld->m->dtype != KDT_BF16) return 0;
+    snprintf(n, sizeof n, "%s%s", f->prefix, module);
+    if (f->quant == KDT_QUANT_INT4 && f->group == 32 && cols % 32 == 0 && !kdt_ckpt_ignored(f, n) &&
+        int4_find(ld, module, rows, cols, &t, &sc) == KDT_OK)
+        *q = (kdt_qsrc){KDT_WFMT_INT4, t->data, sc->data};
+    snprintf(n, sizeof n, "%s.weight", module);
+    if (f->quant == KDT_QUANT_FP8 && f->block_n == 128 && f->block_k == 128 && cols % 16 == 0 &&
+        find_as(ld, n, LINEAR_DTYPES, D2(rows, cols), &t) == KDT_OK && strcmp(t->dtype_name, "F8_E4M3") == 0 &&
+        fp8_scale(ld, module, t, rows, cols, &sc) == KDT_OK)
+        *q = (kdt_qsrc){KDT_WFMT_FP8, t->data, sc->data};
+    return q->fmt != KDT_WFMT_DENSE;
 }
 
 static kdt_status load_linear(const loader *ld, const char *module, int64_t rows, int64_t cols, const float **out) {
@@ -179,18 +208,50 @@ static kdt_status load_linear(const loader *ld, const char *module, int64_t rows
     return linear_into(ld, module, rows, cols, buf);
 }
 
+/* A linear the CUDA backend may keep quantized (q), else loaded as f32 (*out). */
+static kdt_status load_lin(const loader *ld, const char *module, int64_t rows, int64_t cols, const float **out, kdt_qsrc *q) {
+    *out = NULL;
+    return quant_src(ld, module, rows, cols, q) ? KDT_OK : load_linear(ld, module, rows, cols, out);
+}
+
+/* Two linears of `cols` inputs that the CUDA backend stacks into one matrix: quantized both, in
+ * the same format, or loaded as f32 both. */
+static kdt_status load_pair(const loader *ld, const char *ma, int64_t ra, const float **a, kdt_qsrc *qa, const char *mb,
+                            int64_t rb, const float **b, kdt_qsrc *qb, int64_t cols) {
+    *a = *b = NULL;
+    if (quant_src(ld, ma, ra, cols, qa) && quant_src(ld, mb, rb, cols, qb) && qa->fmt == qb->fmt) return KDT_OK;
+    *qa = *qb = (kdt_qsrc){0};
+    kdt_status s = load_linear(ld, ma, ra, cols, a);
+    return s == KDT_OK ? load_linear(ld, mb, rb, cols, b) : s;
+}
+
 #define D3(a, b, c) 3, (const int64_t[]){a, b, c}
 
 static kdt_status load_mlp(const loader *ld, const char *prefix, int32_t hid, int32_t inter, kdt_mlp_w *w) {
-    char n[256];
-    kdt_status s;
+    char g[256], u[256], d[256];
     w->inter = inter;
-    snprintf(n, sizeof n, "%s.gate_proj", prefix);
-    if ((s = load_linear(ld, n, inter, hid, &w->gate))) return s;
-    snprintf(n, sizeof n, "%s.up_proj", prefix);
-    if ((s = load_linear(ld, n, inter, hid, &w->up))) return s;
-    snprintf(n, sizeof n, "%s.down_proj", prefix);
-    return load_linear(ld, n, hid, inter, &w->down);
+    snprintf(g, sizeof g, "%s.gate_proj", prefix);
+    snprintf(u, sizeof u, "%s.up_proj", prefix);
+    snprintf(d, sizeof d, "%s.down_proj", prefix);
+    kdt_status s = load_pair(ld, g, inter, &w->gate, &w->gate_q, u, inter, &w->up, &w->up_q, hid);
+    return s == KDT_OK ? load_lin(ld, d, hid, inter, &w->down, &w->down_q) : s;
+}
+
+/* This rank's hub-layout experts of layer l kept quantized (w->exp_q) when all 3E linears can be, in
+ * one format. */
+static int experts_quant(const loader *ld, int32_t l, kdt_layer_w *w) {
+    const kdt_model_config *c = &ld->m->cfg;
+    const int64_t E = ld->m->e_n, e0 = ld->m->e_lo, I = c->moe_intermediate_size, hid = c->hidden_size;
+    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    kdt_qsrc *q = (kdt_qsrc *)kdt_model_buf(ld->m, (size_t)(E * 3) * sizeof *q / sizeof(float) + 1);
+    if (!q) return 0;
+    char n[256];
+    for (int64_t i = 0; i < E * 3; i++) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l + ld->layer_off, (long long)(e0 + i / 3), proj[i % 3]);
+        if (!quant_src(ld, n, i % 3 < 2 ? I : hid, i % 3 < 2 ? hid : I, &q[i]) || q[i].fmt != q[0].fmt) return 0;
+    }
+    w->exp_q = q;
+    return 1;
 }
 
 /* This rank's routed experts [e_lo, e_lo + E) of layer l into [E, I, hidden] gate and up and
@@ -198,6 +259,7 @@ static kdt_status load_mlp(const loader *ld, const char *prefix, int32_t hid, in
 static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
     const kdt_model_config *c = &ld->m->cfg;
     const int64_t E = ld->m->e_n, e0 = ld->m->e_lo, I = c->moe_intermediate_size, hid = c->hidden_size;
+    if (experts_quant(ld, l, w)) return KDT_OK;
     float *gate = kdt_model_buf(ld->m, (size_t)(E * I * hid)), *up = kdt_model_buf(ld->m, (size_t)(E * I * hid));
     float *down = kdt_model_buf(ld->m, (size_t)(E * hid * I));
     if (!gate || !up || !down) return kdt_fail(KDT_ERR_NOMEM, "%s: out of memory for the experts of layer %d", ld->dir, l);
@@ -252,19 +314,23 @@ static kdt_status load_layer(const loader *ld, int32_t l) {
     if ((s = load(ld, NAME("input_layernorm.weight"), D1(hid), &w->attn_norm)) ||
         (s = load(ld, NAME("post_attention_layernorm.weight"), D1(hid), &w->ffn_norm)))
         return s;
+    char kv_a[256];
+    snprintf(kv_a, sizeof kv_a, "%s.self_attn.kv_a_proj_with_mqa", p);
+    const int64_t kv_rows = c->kv_lora_rank + c->qk_rope_head_dim;
     if (c->q_lora_rank) {
-        if ((s = load_linear(ld, NAME("self_attn.q_a_proj"), c->q_lora_rank, hid, &w->q_a)) ||
+        if ((s = load_pair(ld, NAME("self_attn.q_a_proj"), c->q_lora_rank, &w->q_a, &w->q_a_q, kv_a, kv_rows, &w->kv_a, &w->kv_a_q,
+                           hid)) ||
             (s = load(ld, NAME("self_attn.q_a_layernorm.weight"), D1(c->q_lora_rank), &w->q_a_norm)) ||
-            (s = load_linear(ld, NAME("self_attn.q_b_proj"), (int64_t)H * qk, c->q_lora_rank, &w->q_b)))
+            (s = load_lin(ld, NAME("self_attn.q_b_proj"), (int64_t)H * qk, c->q_lora_rank, &w->q_b, &w->q_b_q)))
             return s;
-    } else if ((s = load_linear(ld, NAME("self_attn.q_proj"), (int64_t)H * qk, hid, &w->q_proj))) {
+    } else if ((s = load_pair(ld, NAME("self_attn.q_proj"), (int64_t)H * qk, &w->q_proj, &w->q_proj_q, kv_a, kv_rows, &w->kv_a,
+                              &w->kv_a_q, hid))) {
         return s;
     }
-    if ((s = load_linear(ld, NAME("self_attn.kv_a_proj_with_mqa"), c->kv_lora_rank + c->qk_rope_head_dim, hid, &w->kv_a)) ||
-        (s = load(ld, NAME("self_attn.kv_a_layernorm.weight"), D1(c->kv_lora_rank), &w->kv_a_norm)) ||
+    if ((s = load(ld, NAME("self_attn.kv_a_layernorm.weight"), D1(c->kv_lora_rank), &w->kv_a_norm)) ||
         (s = load_linear(ld, NAME("self_attn.kv_b_proj"), (int64_t)H * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank,
                          &w->kv_b)) ||
-        (s = load_linear(ld, NAME("self_attn.o_proj"), hid, (int64_t)H * c->v_head_dim, &w->o)))
+        (s = load_lin(ld, NAME("self_attn.o_proj"), hid, (int64_t)H * c->v_head_dim, &w->o, &w->o_q)))
         return s;
     if (!w->is_moe) return load_mlp(ld, NAME("mlp"), hid, c->intermediate_size, &w->dense);
     if ((s = load(ld, NAME("mlp.gate.weight"), D2(c->n_routed_experts, hid), &w->router)) ||

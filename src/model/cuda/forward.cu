@@ -1,5 +1,6 @@
 /* The model's CUDA forward: the CPU reference's steps (src/model/forward_cpu.c) with the
- * projections in cuBLAS (bf16 or f32 operands, f32 accumulation), the rest in the kernels of
+ * projections in cuBLAS (bf16 or f32 operands, f32 accumulation), or in quant_gemm's kernels where
+ * the weights are kept quantized (linear.cu), the rest in the kernels of
  * kernels.cu, attention through verify_attn over the paged latent cache, and the MoE routed
  * on the device. Activations between GEMMs are in the model's dtype; the residual stream, norms,
  * rope, the router and every GEMM output that feeds a non-linearity are f32.
@@ -23,15 +24,8 @@
 #include "kdt/ops.h"
 #include "model/cuda.h"
 #include "model/cuda/kernels.h"
+#include "model/cuda/linear.h"
 #include "model/cuda/route.h"
-
-#define KDT_CUBLAS_CHECK(call)                                                                   \
-    do {                                                                                         \
-        cublasStatus_t kdt_b_ = (call);                                                          \
-        if (kdt_b_ != CUBLAS_STATUS_SUCCESS)                                                     \
-            return kdt_fail(KDT_ERR_CUDA, "%s:%d: %s: %s", __FILE__, __LINE__, #call,            \
-                            cublasGetStatusString(kdt_b_));                                      \
-    } while (0)
 
 #define TRY(call)                                                                                \
     do {                                                                                         \
@@ -156,7 +150,7 @@ struct Bufs {
     int64_t *slots;
     uint8_t *masks;
     /* scratch */
-    float *x, *hf, *cs, *sn, *a_out, *q, *lse, *gu, *ye, *rlog, *gw, *logits;
+    float *x, *hf, *cs, *sn, *a_out, *q, *lse, *gu, *ye, *rlog, *gw, *logits, *lt;
     void *hn, *qa, *qn, *qabs, *olat, *ov, *act, *xe;
     int32_t *gi, *counts, *offs, *perm, *posa;
 };
@@ -240,6 +234,8 @@ void layout_scratch(Bump &b, Bufs &u, const Dims &d, const kdt_model_config *f) 
     b.take(&u.xe, RK * d.hid * es);
     b.take(&u.ye, RK * d.hid * 4);
     b.take(&u.logits, (size_t)d.RL * d.V * 4);
+    size_t lt = gu > R * d.hid ? gu : R * d.hid; /* kdt_lin_ctx.tmp: any quantized product's [M, N] */
+    b.take(&u.lt, (lt > R * d.Wa ? lt : R * d.Wa) * 4);
 }
 
 /* The model's cuBLAS handle and scratch, made by its first forward. */
@@ -296,20 +292,6 @@ kdt_status grow(void **buf, size_t *have, size_t need, int pinned) {
 
 /* ---- cuBLAS ---- */
 
-/* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) . W^T + beta * y, W [N, K] row-major
- * (row stride ldw): one column-major GEMM y^T = W . x^T. f32 accumulation. */
-kdt_status gemm(cublasHandle_t h, int64_t M, int64_t N, int64_t K, const void *W, cudaDataType wt, int64_t ldw, const void *x,
-                cudaDataType xt, int64_t ldx, void *y, cudaDataType yt, int64_t ldy, float beta) {
-    if (M == 0 || N == 0) return KDT_OK;
-    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || ldw > INT_MAX || ldx > INT_MAX || ldy > INT_MAX)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: a GEMM of %lld x %lld x %lld is too large for cuBLAS", (long long)M,
-                        (long long)N, (long long)K);
-    const float alpha = 1.0f;
-    KDT_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, W, wt, (int)ldw, x, xt, (int)ldx,
-                                  &beta, y, yt, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return KDT_OK;
-}
-
 /* The per-head products of absorbed MLA, one strided batched GEMM over the H heads of kv_b
  * [H, nope + v, Dv] (dt):
  *   absorb: qabs[r, h, :Dv] = qn[r, h, :] . W_UK_h   (W_UK_h [nope, Dv], the first nope rows)
@@ -343,6 +325,7 @@ struct Fwd {
     Dims d;
     Bufs u;
     cudaStream_t s;
+    kdt_lin_ctx lc;              /* the linears' stream, cuBLAS handle and scratch (linear.h) */
     bool moe_small;              /* MoE layers run moe.cu's kernels: no host wait */
     bool gemv;                   /* projections run moe.cu's small-batch kernel (KDT_MODEL_GEMV) */
     bool fused;                  /* KDT_MODEL_FUSED: route.cu's one-launch router where it fits */
@@ -350,22 +333,21 @@ struct Fwd {
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
 };
 
-/* Whether a product of M rows with W [N, K] runs moe.cu's small-batch kernel: with f.gemv
- * (any_size: the projections KDT_MODEL_GEMV names), or with f.fused where W is so small that
- * the launch, not the bandwidth, is the cost (the small models: cuBLAS has no edge there, and the
- * kernel gives a row the same bits in a decode step and in a tree). */
-bool small_product(const Fwd &f, int64_t M, int64_t N, int64_t K, bool any_size) {
-    if (M > GEMV_MAX_ROWS || K % 8 != 0 || N > INT_MAX || K > INT_MAX) return false;
-    return (f.gemv && any_size) || (f.fused && (uint64_t)N * (uint64_t)K * f.d.es <= GEMV_SMALL_WEIGHT_BYTES);
+/* Whether a product of M rows with W [N, K] (in the model's dtype, one part) runs moe.cu's
+ * small-batch kernel: with f.gemv (any_size: the projections KDT_MODEL_GEMV names), or with f.fused
+ * where W is so small that the launch, not the bandwidth, is the cost (the small models: cuBLAS has
+ * no edge there, and the kernel gives a row the same bits in a decode step and in a tree). */
+bool small_product(const Fwd &f, int64_t M, const kdt_dlin &W, bool any_size) {
+    if (W.fmt != KDT_WFMT_DENSE || W.parts != 1 || M > GEMV_MAX_ROWS || W.K % 8 != 0) return false;
+    return (f.gemv && any_size) || (f.fused && (uint64_t)W.N * (uint64_t)W.K * f.d.es <= GEMV_SMALL_WEIGHT_BYTES);
 }
 
-/* y [M, N] f32 (+)= x [M, K] (dt) . W^T, W [N, K] (dt), all contiguous: gemm(), or moe.cu's
+/* y [M, N] f32 (+)= x [M, K] (dt) . W^T, W [N, K], all contiguous: kdt_lin, or moe.cu's
  * small-batch kernel where small_product says so. */
-kdt_status proj(Fwd &f, int64_t M, int64_t N, int64_t K, const void *W, const void *x, float *y, float beta,
-                bool any_size = true) {
-    if (small_product(f, M, N, K, any_size))
-        return kdt_mk_dense_small((int32_t)M, x, W, (int32_t)K, (int32_t)N, 0, y, beta != 0.0f, f.d.dt, f.s);
-    return gemm(f.x->blas, M, N, K, W, f.d.ct, K, x, f.d.ct, K, y, CUDA_R_32F, N, beta);
+kdt_status proj(Fwd &f, int64_t M, const kdt_dlin &W, const void *x, float *y, float beta, bool any_size = true) {
+    if (small_product(f, M, W, any_size))
+        return kdt_mk_dense_small((int32_t)M, x, W.w[0], W.K, W.N, 0, y, beta != 0.0f, f.d.dt, f.s);
+    return kdt_lin(&f.lc, &W, 0, M, x, y, beta != 0.0f);
 }
 
 /* MLA attention of layer l: u.hn [R, hidden] in, x += o_proj(attention). */
@@ -376,7 +358,7 @@ kdt_status attention(Fwd &f, int32_t l) {
     const kdt_model_config *cf = &f.m->cfg;
     cublasHandle_t h = f.x->blas;
     /* [q_a | kv_a] (or [q_proj | kv_a]) of the normed rows: a_out [R, Wa] f32 */
-    TRY(proj(f, d.R, d.Wa, d.hid, L->attn_in, u.hn, u.a_out, 0.0f, false));
+    TRY(proj(f, d.R, L->attn_in, u.hn, u.a_out, 0.0f, false));
     const float *q = u.a_out;
     int64_t q_ld = d.Wa;
     /* With f.fused both norms of [q_a | kv_a] (and the cache append) are one launch. */
@@ -386,7 +368,7 @@ kdt_status attention(Fwd &f, int32_t l) {
     if (d.ql) {
         if (!qa_fused)
             TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
-        TRY(proj(f, d.R, (int64_t)d.H * d.qk, d.ql, L->q_b, u.qa, u.q, 0.0f));
+        TRY(proj(f, d.R, L->q_b, u.qa, u.q, 0.0f));
         q = u.q;
         q_ld = (int64_t)d.H * d.qk;
     }
@@ -422,20 +404,20 @@ kdt_status attention(Fwd &f, int32_t l) {
         TRY(kdt_verify_attn(&p, KDT_BACKEND_CUDA, f.s));
     }
     TRY(apply_values(h, d, L->kv_b, u.olat, u.ov));
-    return proj(f, d.R, d.hid, (int64_t)d.H * d.vd, L->o, u.ov, u.x, 1.0f);
+    return proj(f, d.R, L->o, u.ov, u.x, 1.0f);
 }
 
 /* A SiLU-gated MLP on the rows u.hn [R, hidden] (dt): x += down(silu(gate hn) * up hn). */
 kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
     const Dims &d = f.d;
     const int64_t I = w->inter;
-    if (small_product(f, d.R, 2 * I, d.hid, true))
-        TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up, d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
+    if (small_product(f, d.R, w->gate_up, true))
+        TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up.w[0], d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
     else {
-        TRY(gemm(f.x->blas, d.R, 2 * I, d.hid, w->gate_up, d.ct, d.hid, f.u.hn, d.ct, d.hid, f.u.gu, CUDA_R_32F, 2 * I, 0.0f));
+        TRY(kdt_lin(&f.lc, &w->gate_up, 0, d.R, f.u.hn, f.u.gu, 0));
         TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
     }
-    return proj(f, d.R, d.hid, I, w->down, f.u.act, f.u.x, 1.0f);
+    return proj(f, d.R, w->down, f.u.act, f.u.x, 1.0f);
 }
 
 /* Routed experts then the shared ones: u.hn (dt) and u.hf (f32, the router's input) in, x += out.
@@ -451,19 +433,19 @@ kdt_status moe(Fwd &f, int32_t l) {
     if (f.fused && kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 0)) {
         const bool scores = kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 1);
         if (!scores)
-            TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+            TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
         TRY(kdt_mk_route_plan(scores ? u.hf : nullptr, L->router, d.hid, u.rlog, L->router_bias, d.R, d.E, cf->n_group,
                               cf->topk_group, d.K, cf->norm_topk_prob, cf->routed_scaling_factor, u.gi, u.gw, u.counts, u.offs,
                               u.perm, u.posa, f.s));
     } else {
-        TRY(gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+        TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
         TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
                          cf->routed_scaling_factor, u.gi, u.gw, f.s));
         TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
     }
     if (f.moe_small) {
-        TRY(kdt_mk_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, L->exp_gate_up, L->exp_down, d.E, d.hid, (int32_t)I, u.act,
-                             u.ye, d.dt, f.s));
+        TRY(kdt_lin_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, &L->exp_gate_up, &L->exp_down, d.hid, (int32_t)I, u.act,
+                              u.ye, d.dt, f.s));
         TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
         return L->shared.inter ? mlp(f, &L->shared) : KDT_OK;
     }
@@ -474,14 +456,11 @@ kdt_status moe(Fwd &f, int32_t l) {
     if (total > RK) return kdt_fail(KDT_ERR_INTERNAL, "forward: layer %d routed %lld rows, more than %lld", l, (long long)total,
                                     (long long)RK);
     TRY(kdt_mk_gather_rows(u.hn, u.perm, total, d.K, d.hid, u.xe, d.dt, f.s));
-    const size_t gu_bytes = (size_t)2 * I * d.hid * d.es, down_bytes = (size_t)d.hid * I * d.es;
     for (int64_t e = 0, off = 0; e < d.E; off += f.x->h_counts[e], e++)
-        TRY(gemm(h, f.x->h_counts[e], 2 * I, d.hid, (const char *)L->exp_gate_up + e * gu_bytes, d.ct, d.hid,
-                 (const char *)u.xe + off * d.hid * d.es, d.ct, d.hid, u.gu + off * 2 * I, CUDA_R_32F, 2 * I, 0.0f));
+        TRY(kdt_lin(&f.lc, &L->exp_gate_up, e, f.x->h_counts[e], (const char *)u.xe + off * d.hid * d.es, u.gu + off * 2 * I, 0));
     TRY(kdt_mk_silu_mul(u.gu, total, (int32_t)I, u.act, d.dt, f.s));
     for (int64_t e = 0, off = 0; e < d.E; off += f.x->h_counts[e], e++)
-        TRY(gemm(h, f.x->h_counts[e], d.hid, I, (const char *)L->exp_down + e * down_bytes, d.ct, I,
-                 (const char *)u.act + off * I * d.es, d.ct, I, u.ye + off * d.hid, CUDA_R_32F, d.hid, 0.0f));
+        TRY(kdt_lin(&f.lc, &L->exp_down, e, f.x->h_counts[e], (const char *)u.act + off * I * d.es, u.ye + off * d.hid, 0));
     TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
     return L->shared.inter ? mlp(f, &L->shared) : KDT_OK;
 }
@@ -537,6 +516,7 @@ kdt_status compute(Fwd &f) {
     const kdt_model_config *cf = &m->cfg;
     KDT_CUBLAS_CHECK(cublasSetStream(f.x->blas, f.s));
     KDT_CUBLAS_CHECK(cublasSetWorkspace(f.x->blas, f.x->blas_ws, BLAS_WS_BYTES)); /* cublasSetStream drops it */
+    f.lc = kdt_lin_ctx{f.x->blas, f.s, d.dt, m->d_deq, u.lt};
     TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, u.tokens, d.R, d.hid, f.s));
     TRY(kdt_mk_rope_table(u.cs, u.sn, u.pos, m->d_inv_freq, d.R, d.half, (float)cf->rope_attention_factor, f.s));
     for (int32_t l = 0; l < cf->num_hidden_layers; l++) {
@@ -553,7 +533,8 @@ kdt_status compute(Fwd &f) {
     if (f.log_out && !f.all)
         TRY(kdt_mk_rmsnorm(u.x, d.hid, u.last, d.RL, d.hid, m->d_final_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt,
                            f.s));
-    if (f.log_out) TRY(proj(f, d.RL, d.V, d.hid, m->d_lm_head, u.hn, f.log_out, 0.0f));
+    const kdt_dlin head = {KDT_WFMT_DENSE, d.V, d.hid, 1, 1, d.V, {m->d_lm_head, nullptr}, {nullptr, nullptr}};
+    if (f.log_out) TRY(proj(f, d.RL, head, u.hn, f.log_out, 0.0f));
     return KDT_OK;
 }
 
@@ -697,6 +678,7 @@ extern "C" kdt_status kdt_forward_cuda(kdt_model *m, kdt_cache *c, const kdt_bat
     f.s = (cudaStream_t)stream;
     f.d = dims_of(m, c, bt, R);
     TRY(ctx_get(m, &f.x));
+    TRY(kdt_lin_prepare(m));
     Plan plan;
     kdt_status s = plan_build(bt, start, &plan);
     if (s == KDT_OK) s = forward_planned(f, plan, bt, start, positions, logits, hidden);

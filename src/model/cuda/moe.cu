@@ -17,6 +17,7 @@
  * tests/test_model_moe_emu.cc). */
 #include "common/cuda/cuda_common.cuh"
 #include "model/cuda/kernels.h"
+#include "model/cuda/linear.h"
 
 namespace {
 
@@ -27,15 +28,21 @@ typedef __nv_bfloat16 bf16;
 /* Row slices of R rows: an expert has at most one assignment per row. */
 unsigned slices(int64_t R) { return (unsigned)((R + kSliceRows - 1) / kSliceRows); }
 
-template <typename T, int kRows>
-kdt_status launch(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
-                  const void *w_gu, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
+/* moe.cuh's quantized reader over a kdt_dlin's parts. */
+template <bool kInt4> WQuant<kInt4> wquant(const kdt_dlin *d) {
+    return {{(const uint8_t *)d->w[0], (const uint8_t *)d->w[1]}, {(const uint8_t *)d->scale[0], (const uint8_t *)d->scale[1]},
+            d->N, d->N0, d->K};
+}
+
+template <typename T, int kRows, typename WG, typename WD>
+kdt_status launch(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, WG w_gu,
+                  WD w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
     moe_small_kernel<T, true, kRows><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), (unsigned)E, slices(R)), kThreads, 0, s>>>(
-        (const T *)x, perm, K, counts, offs, (const T *)w_gu, hid, I, act, 0, false);
+        (const T *)x, perm, K, counts, offs, w_gu, hid, I, act, 0, false);
     KDT_CUDA_CHECK_LAUNCH("moe_small gate_up");
     moe_small_kernel<T, false, kRows><<<dim3((unsigned)((hid + down_cols - 1) / down_cols), (unsigned)E, slices(R)), kThreads, 0, s>>>(
-        (const T *)act, perm, K, counts, offs, (const T *)w_down, I, hid, ye, 0, false);
+        (const T *)act, perm, K, counts, offs, w_down, I, hid, ye, 0, false);
     KDT_CUDA_CHECK_LAUNCH("moe_small down");
     return KDT_OK;
 }
@@ -46,11 +53,11 @@ kdt_status launch_dense(int32_t R, const void *x, const void *w, int32_t K, int3
     if (gate_up) {
         const int cols = kWarps * kW / 2;
         moe_small_kernel<T, true, kRows><<<dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)), kThreads, 0, s>>>(
-            (const T *)x, nullptr, 1, nullptr, nullptr, (const T *)w, K, N, y, R, false);
+            (const T *)x, nullptr, 1, nullptr, nullptr, WPlain<T>{(const T *)w}, K, N, y, R, false);
     } else {
         const int cols = kWarps * kW;
         moe_small_kernel<T, false, kRows><<<dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)), kThreads, 0, s>>>(
-            (const T *)x, nullptr, 1, nullptr, nullptr, (const T *)w, K, N, y, R, accumulate != 0);
+            (const T *)x, nullptr, 1, nullptr, nullptr, WPlain<T>{(const T *)w}, K, N, y, R, accumulate != 0);
     }
     KDT_CUDA_CHECK_LAUNCH("dense_small");
     return KDT_OK;
@@ -64,10 +71,9 @@ kdt_status dense_rows(int32_t R, const void *x, const void *w, int32_t K, int32_
     return launch_dense<T, kMaxRows>(R, x, w, K, N, gate_up, y, accumulate, s);
 }
 
-template <typename T>
+template <typename T, typename WG, typename WD>
 kdt_status launch_rows(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
-                       const void *w_gu, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye,
-                       cudaStream_t s) {
+                       WG w_gu, WD w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     if (R <= 1) return launch<T, 1>(R, x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
     if (R <= 4) return launch<T, 4>(R, x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
     return launch<T, kMaxRows>(R, x, perm, K, counts, offs, w_gu, w_down, E, hid, I, act, ye, s);
@@ -90,7 +96,27 @@ extern "C" kdt_status kdt_mk_moe_small(int64_t R, const void *x, const int32_t *
                                        int32_t I, void *act, float *ye, kdt_dtype dt, cudaStream_t s) {
     if (!kdt_mk_moe_small_fits(hid, I))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: small-batch MoE needs hidden and intermediate sizes that are multiples of 8");
-    if (dt == KDT_BF16) return launch_rows<bf16>(R, x, perm, K, counts, offs, w_gate_up, w_down, E, hid, I, act, ye, s);
-    if (dt == KDT_F32) return launch_rows<float>(R, x, perm, K, counts, offs, w_gate_up, w_down, E, hid, I, act, ye, s);
+    if (dt == KDT_BF16)
+        return launch_rows<bf16>(R, x, perm, K, counts, offs, WPlain<bf16>{(const bf16 *)w_gate_up}, WPlain<bf16>{(const bf16 *)w_down},
+                                 E, hid, I, act, ye, s);
+    if (dt == KDT_F32)
+        return launch_rows<float>(R, x, perm, K, counts, offs, WPlain<float>{(const float *)w_gate_up},
+                                  WPlain<float>{(const float *)w_down}, E, hid, I, act, ye, s);
     return kdt_fail(KDT_ERR_DTYPE, "model cuda: activation dtype %s, expected f32 or bf16", kdt_dtype_name(dt));
+}
+
+extern "C" kdt_status kdt_lin_moe_small(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts,
+                                        const int32_t *offs, const kdt_dlin *gate_up, const kdt_dlin *down, int32_t hid, int32_t I,
+                                        void *act, float *ye, kdt_dtype dt, cudaStream_t s) {
+    const int32_t E = gate_up->n;
+    if (gate_up->fmt == KDT_WFMT_DENSE && down->fmt == KDT_WFMT_DENSE)
+        return kdt_mk_moe_small(R, x, perm, K, counts, offs, gate_up->w[0], down->w[0], E, hid, I, act, ye, dt, s);
+    if (gate_up->fmt != down->fmt || dt != KDT_BF16 || !kdt_mk_moe_small_fits(hid, I) ||
+        (gate_up->fmt == KDT_WFMT_INT4 && (hid % 32 || I % 32)))
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: quantized experts need one format for gate/up and down, bf16 activations "
+                        "and hidden, intermediate sizes that are multiples of 8 (FP8) or 32 (INT4): hidden %d, intermediate %d",
+                        hid, I);
+    if (gate_up->fmt == KDT_WFMT_INT4)
+        return launch_rows<bf16>(R, x, perm, K, counts, offs, wquant<true>(gate_up), wquant<true>(down), E, hid, I, act, ye, s);
+    return launch_rows<bf16>(R, x, perm, K, counts, offs, wquant<false>(gate_up), wquant<false>(down), E, hid, I, act, ye, s);
 }

@@ -1,7 +1,7 @@
 /* The device code of moe.cu's kernel, with no includes of its own, so that
  * tests/test_model_moe_emu.cc runs it on CPU threads. The CUDA subset it uses: blockIdx, threadIdx,
- * __shared__, __syncthreads, __shfl_xor_sync, uint4 / float4 loads, bf16 conversions. See
- * moe.cu for the design. */
+ * __shared__, __syncthreads, __shfl_xor_sync, uint2 / uint4 / float4 loads, bf16 conversions,
+ * __uint_as_float. See moe.cu for the design. */
 #pragma once
 
 constexpr int kWarps = 8;
@@ -38,17 +38,66 @@ template <typename T> __device__ __forceinline__ void store8(T *dst, const T *sr
         ((float4 *)dst)[1] = ((const float4 *)src)[1];
     }
 }
+/* The weights as the kernel reads them: a row handle per weight row, and 8 consecutive values of
+ * a row (from a multiple of 8) as floats. WPlain: [E, rows, n_in] in the activations' type. */
+template <typename T> struct WPlain {
+    const T *w;
+    typedef const T *Row;
+    __device__ __forceinline__ Row row(int e, size_t rows_w, size_t r, int n_in) const { return w + ((size_t)e * rows_w + r) * n_in; }
+    __device__ __forceinline__ void load(Row r, int k, float (&f)[8]) const { load8(r + k, f); }
+};
+
+/* e4m3 (torch.float8_e4m3fn) to f32 by its bits, exact; the NaN codes 0x7f / 0xff (never in a
+ * checkpoint) read as 480. */
+__device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
+    const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    const float mag = e ? __uint_as_float((e + 120u) << 23 | m << 20) : (float)m * 0.001953125f;
+    return (b & 0x80u) ? -mag : mag;
+}
+
+/* Quantized experts (kdt_dlin: FP8 128x128 blocks, INT4 groups of 32): each 8-value slice is
+ * dequantized to f32 in registers, code times its scale (exact, as the CPU's dequantizers), so the
+ * weights stream at their stored size. Part p holds rows [0, N0) (p = 0) or [N0, N) (p = 1) of
+ * each of the E matrices [N, K], matrix e of a part at e times its size. */
+template <bool kInt4> struct WQuant {
+    const uint8_t *w[2], *s[2];
+    int N, N0, K;
+    struct Row {
+        const uint8_t *w, *s;
+    };
+    __device__ __forceinline__ Row row(int e, size_t, size_t r, int) const {
+        const int p = r >= (size_t)N0;
+        const size_t pr = p ? N - N0 : N0, lr = r - (p ? N0 : 0);
+        if (kInt4) return {w[p] + ((size_t)e * pr + lr) * (K / 2), s[p] + ((size_t)e * pr + lr) * (K / 32) * 2};
+        const size_t kb = (K + 127) / 128;
+        return {w[p] + ((size_t)e * pr + lr) * K, s[p] + ((size_t)e * ((pr + 127) / 128) + lr / 128) * kb * 4};
+    }
+    __device__ __forceinline__ void load(const Row &r, int k, float (&f)[8]) const {
+        if (kInt4) {
+            const uint32_t v = *(const uint32_t *)(r.w + k / 2); /* value k + j in bits 4j .. 4j + 3, plus 8 */
+            const float sc = __uint_as_float((uint32_t)((const uint16_t *)r.s)[k / 32] << 16); /* bf16 */
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = (float)((int)((v >> (4 * j)) & 15u) - 8) * sc;
+        } else {
+            const uint2 v = *(const uint2 *)(r.w + k);
+            const float sc = ((const float *)r.s)[k / 128];
+#pragma unroll
+            for (int j = 0; j < 4; j++) f[j] = e4m3_to_f32(v.x >> (8 * j) & 255u) * sc, f[4 + j] = e4m3_to_f32(v.y >> (8 * j) & 255u) * sc;
+        }
+    }
+};
+
 /* kGateUp: w [E, 2I, n_in] (gate rows, then up rows), input rows x[perm[p] / K] of x [*, n_in]
  * (row p without perm), out act [n, I] (T) = silu(gate) * up at each assignment's place p;
  * columns I, a warp computes gate and up of kW / 2 columns. Else: w [E, n_out, n_in], input rows
  * in[p] of [n, n_in], out [n, n_out] f32 (added to when accumulate); a warp computes kW columns.
- * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. Rows are cut in
- * slices of kSliceRows, one per blockIdx.z (gridDim.z covers the most rows an expert can have):
- * the sums' order does not depend on the slicing. */
-template <typename T, bool kGateUp, int kRows>
+ * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. w: WPlain<T>, or WQuant with
+ * T bf16. Rows are cut in slices of kSliceRows, one per blockIdx.z (gridDim.z covers the most rows an
+ * expert can have): the sums' order does not depend on the slicing. */
+template <typename T, bool kGateUp, int kRows, typename WF>
 __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1) moe_small_kernel(const T *__restrict__ in, const int32_t *__restrict__ perm, int K,
                                                              const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
-                                                             const T *__restrict__ w, int n_in, int n_out, void *out,
+                                                             const WF w, int n_in, int n_out, void *out,
                                                              int dense_rows, bool accumulate) {
     constexpr int kChunk = kChunkBytes / (int)sizeof(T); /* elements of a staged row */
     constexpr int kColsPerWarp = kGateUp ? kW / 2 : kW;
@@ -59,15 +108,14 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
     const int off = counts ? offs[e] : 0, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int col0 = (blockIdx.x * kWarps + warp) * kColsPerWarp;
     const size_t rows_w = kGateUp ? 2 * (size_t)n_out : (size_t)n_out;
-    const T *we = w + (size_t)e * rows_w * n_in;
-    const T *wr[kW];
+    typename WF::Row wr[kW];
     bool ok[kW];
 #pragma unroll
     for (int q = 0; q < kW; q++) {
         const int c = col0 + (kGateUp ? q / 2 : q);
         ok[q] = c < n_out;
         const size_t row = kGateUp && (q & 1) ? (size_t)n_out + c : (size_t)c;
-        wr[q] = we + (ok[q] ? row : 0) * n_in;
+        wr[q] = w.row(e, rows_w, ok[q] ? row : 0, n_in);
     }
     for (int r0 = r_beg; r0 < r_end; r0 += kRows) {
         const int nr = min(kRows, r_end - r0);
@@ -91,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
             for (int i = lane * 8; i < len; i += 32 * 8) {
                 float wv[kW][8];
 #pragma unroll
-                for (int q = 0; q < kW; q++) load8(wr[q] + c0 + i, wv[q]);
+                for (int q = 0; q < kW; q++) w.load(wr[q], c0 + i, wv[q]);
 #pragma unroll
                 for (int r = 0; r < kRows; r++) {
                     if (r >= nr) break;

@@ -1,0 +1,102 @@
+/* The forward's linears: cuBLAS on weights in the model's dtype, quant_gemm's kernels on weights
+ * kept quantized (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are
+ * not a whole number of 128-row blocks) runs one product per part, each placed into its columns
+ * of y; an accumulated product goes through the same placing kernel. */
+#include <climits>
+
+#include "common/cuda/cuda_common.cuh"
+#include "cuda/quant_gemm.h"
+#include "model/cuda.h"
+#include "model/cuda/linear.h"
+
+namespace {
+
+/* y [M, ldy] columns col0 .. col0 + n (=, or += when accumulate) t [M, n]. */
+__global__ void place_kernel(float *__restrict__ y, int64_t ldy, int64_t col0, const float *__restrict__ t, int64_t M, int64_t n,
+                             bool accumulate) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * n; i += (int64_t)gridDim.x * blockDim.x) {
+        float *o = y + (i / n) * ldy + col0 + i % n;
+        *o = accumulate ? *o + t[i] : t[i];
+    }
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__global__ void fill_codes_kernel(uint8_t *dst, size_t n, uint64_t seed, uint8_t mask) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = (uint8_t)(mix64(seed + i * 0x9E3779B97F4A7C15ull) >> 56) & mask;
+}
+
+unsigned blocks_for(int64_t n) { return (unsigned)(n < 256 * 4096 ? (n + 255) / 256 : 4096); }
+
+/* Matrix e's slice of part p: weights and scales. */
+const void *part_w(const kdt_dlin *w, int p, int64_t e) {
+    return (const char *)w->w[p] + (size_t)e * kdt_dlin_rows(w, p) * kdt_wfmt_row_bytes(w->fmt, w->K);
+}
+const void *part_s(const kdt_dlin *w, int p, int64_t e) {
+    return (const char *)w->scale[p] + (size_t)e * kdt_wfmt_scale_bytes(w->fmt, kdt_dlin_rows(w, p), w->K);
+}
+
+} // namespace
+
+extern "C" kdt_status kdt_lin_gemm(cublasHandle_t h, int64_t M, int64_t N, int64_t K, const void *W, cudaDataType wt, int64_t ldw,
+                                   const void *x, cudaDataType xt, int64_t ldx, void *y, cudaDataType yt, int64_t ldy, float beta) {
+    if (M == 0 || N == 0) return KDT_OK;
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || ldw > INT_MAX || ldx > INT_MAX || ldy > INT_MAX)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: a GEMM of %lld x %lld x %lld is too large for cuBLAS", (long long)M,
+                        (long long)N, (long long)K);
+    const float alpha = 1.0f;
+    KDT_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, W, wt, (int)ldw, x, xt, (int)ldx,
+                                  &beta, y, yt, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e, int64_t M, const void *x, float *y, int accumulate) {
+    const int64_t N = w->N, K = w->K;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    if (M == 0) return KDT_OK;
+    if (w->fmt == KDT_WFMT_DENSE) {
+        const cudaDataType ct = c->dt == KDT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+        const void *W = (const char *)w->w[0] + (size_t)e * N * K * kdt_dtype_size(c->dt);
+        return kdt_lin_gemm(c->blas, M, N, K, W, ct, K, x, ct, K, y, CUDA_R_32F, N, beta);
+    }
+    if (c->dt != KDT_BF16 || M > INT_MAX)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: quantized weights [%lld, %lld] need bf16 activations and fewer rows than 2^31",
+                        (long long)N, (long long)K);
+    const bool int4 = w->fmt == KDT_WFMT_INT4;
+    kdt_status s = KDT_OK;
+    if (M > KDT_LIN_QGEMM_ROWS) { /* prefill sizes: W dequantized once, then cuBLAS's tensor cores */
+        for (int p = 0, row = 0; p < w->parts && s == KDT_OK; row += kdt_dlin_rows(w, p), p++) {
+            void *out = (uint16_t *)c->deq + (size_t)row * K;
+            s = int4 ? kdt_dequant_int4_bf16(part_w(w, p, e), part_s(w, p, e), out, kdt_dlin_rows(w, p), (int32_t)K, c->s)
+                     : kdt_dequant_fp8_bf16(part_w(w, p, e), (const float *)part_s(w, p, e), out, kdt_dlin_rows(w, p), (int32_t)K, c->s);
+        }
+        return s == KDT_OK ? kdt_lin_gemm(c->blas, M, N, K, c->deq, CUDA_R_16BF, K, x, CUDA_R_16BF, K, y, CUDA_R_32F, N, beta) : s;
+    }
+    const bool direct = w->parts == 1 && !accumulate;
+    for (int p = 0, row = 0; p < w->parts && s == KDT_OK; row += kdt_dlin_rows(w, p), p++) {
+        const int32_t n = kdt_dlin_rows(w, p);
+        float *out = direct ? y : c->tmp;
+        s = int4 ? kdt_qgemm_int4(x, part_w(w, p, e), part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s)
+                 : kdt_qgemm_fp8(x, part_w(w, p, e), (const float *)part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s);
+        if (s != KDT_OK || direct) continue;
+        place_kernel<<<blocks_for(M * n), 256, 0, c->s>>>(y, N, row, c->tmp, M, n, accumulate != 0);
+        KDT_CUDA_CHECK_LAUNCH("linear place");
+    }
+    return s;
+}
+
+extern "C" kdt_status kdt_lin_prepare(kdt_model *m) {
+    if (!m->deq_elems || m->d_deq) return KDT_OK;
+    return kdt_model_dbuf(m, m->deq_elems * 2, &m->d_deq);
+}
+
+extern "C" kdt_status kdt_cuda_fill_codes(void *dst, size_t n, uint64_t seed, uint8_t mask) {
+    fill_codes_kernel<<<blocks_for((int64_t)n), 256>>>((uint8_t *)dst, n, seed, mask);
+    KDT_CUDA_CHECK_LAUNCH("fill_codes");
+    return KDT_OK;
+}
