@@ -337,9 +337,12 @@ struct Fwd {
  * small-batch kernel: with f.gemv (any_size: the projections KDT_MODEL_GEMV names), or with f.fused
  * where W is so small that the launch, not the bandwidth, is the cost (the small models: cuBLAS has
  * no edge there, and the kernel gives a row the same bits in a decode step and in a tree). */
+bool small_product(const Fwd &f, int64_t M, int64_t N, int64_t K, bool any_size) {
+    if (M > GEMV_MAX_ROWS || K % 8 != 0 || N > INT_MAX || K > INT_MAX) return false;
+    return (f.gemv && any_size) || (f.fused && (uint64_t)N * (uint64_t)K * f.d.es <= GEMV_SMALL_WEIGHT_BYTES);
+}
 bool small_product(const Fwd &f, int64_t M, const kdt_dlin &W, bool any_size) {
-    if (W.fmt != KDT_WFMT_DENSE || W.parts != 1 || M > GEMV_MAX_ROWS || W.K % 8 != 0) return false;
-    return (f.gemv && any_size) || (f.fused && (uint64_t)W.N * (uint64_t)W.K * f.d.es <= GEMV_SMALL_WEIGHT_BYTES);
+    return W.fmt == KDT_WFMT_DENSE && W.parts == 1 && small_product(f, M, W.N, W.K, any_size);
 }
 
 /* y [M, N] f32 (+)= x [M, K] (dt) . W^T, W [N, K], all contiguous: kdt_lin, or moe.cu's
