@@ -6,7 +6,7 @@
  *  - speculative decoding with it equals plain greedy decoding for several (D, K, N), batch 3,
  *    and every proposal inside the loop equals a fresh drafter's over a fresh target forward of
  *    the request's history (the context the loop fed back, tree rows and all, is the right one).
- * CPU only: the drafter has no CUDA path yet. */
+ * CPU only; the CUDA path is tests/test_spec_drafters_cuda.c. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
