@@ -80,7 +80,7 @@ KDT_API kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_mode
  * input is x = eh_proj([enorm(embed(token)); hnorm(h)]), h the kdt_batch's mtp_hidden row, then
  * the decoder layer (MLA over its own cache, MoE or dense as layer N is), shared_head.norm and
  * shared_head.head (the checkpoint's LM head when absent); the embedding is layer N's
- * embed_tokens when present, else the model's. CPU backend only (KDT_ERR_UNSUPPORTED otherwise). */
+ * embed_tokens when present, else the model's. CPU (f32) or CUDA (bf16, mtp_hidden then device memory). */
 KDT_API kdt_status kdt_model_load_mtp(const char *dir, kdt_backend backend, kdt_model **out);
 /* The built-in model (Kimi K2's layout scaled down: see src/model/builtin.c), made from seed. */
 KDT_API kdt_status kdt_model_builtin(uint64_t seed, kdt_backend backend, kdt_model **out);
