@@ -181,11 +181,9 @@ typedef struct kdt_batch {
  * hidden must be device memory (else the forward fails with KDT_ERR_UNSUPPORTED). */
 #define KDT_MODEL_MAX_HIDDEN_LAYERS 16
 KDT_API kdt_status kdt_model_set_hidden_layers(kdt_model *m, int32_t n, const int32_t *layers);
-/* The embedding and the LM head, host f32 [vocab, hidden] each (the same memory when tied):
- * CPU backend only (KDT_ERR_UNSUPPORTED on CUDA). For drafters that share them (DFlash). */
-KDT_API kdt_status kdt_model_host_embeddings(const kdt_model *m, const float **embed, const float **lm_head);
-/* The same in the backend's memory and the model's dtype (kdt_model_dtype): host f32 on the CPU,
- * device memory on CUDA. */
+/* The embedding and the LM head [vocab, hidden] each (the same memory when tied), in the backend's
+ * memory and the model's dtype (kdt_model_dtype): host f32 on the CPU, device memory on CUDA. For
+ * drafters that share them (DFlash). */
 KDT_API kdt_status kdt_model_embeddings(const kdt_model *m, const void **embed, const void **lm_head);
 KDT_API kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *batch,
                                      float *logits, float *hidden, void *stream);

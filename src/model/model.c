@@ -475,15 +475,6 @@ kdt_status kdt_model_set_hidden_layers(kdt_model *m, int32_t n, const int32_t *l
     return KDT_OK;
 }
 
-kdt_status kdt_model_host_embeddings(const kdt_model *m, const float **embed, const float **lm_head) {
-    if (!m || !embed || !lm_head) return kdt_fail(KDT_ERR_INVALID_ARG, "host_embeddings: NULL argument");
-    if (m->backend != KDT_BACKEND_CPU || !m->embed || !m->lm_head)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "host_embeddings: the embedding and LM head are host memory on the CPU backend only");
-    *embed = m->embed;
-    *lm_head = m->lm_head;
-    return KDT_OK;
-}
-
 kdt_status kdt_model_embeddings(const kdt_model *m, const void **embed, const void **lm_head) {
     if (!m || !embed || !lm_head) return kdt_fail(KDT_ERR_INVALID_ARG, "embeddings: NULL argument");
     *embed = m->backend == KDT_BACKEND_CUDA ? m->d_embed : (const void *)m->embed;
