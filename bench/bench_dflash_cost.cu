@@ -34,16 +34,6 @@
 
 namespace {
 
-const char *kKimiFmt =
-    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"vocab_size\": 163840, \"hidden_size\": 7168,"
-    "\"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, \"num_hidden_layers\": %d, \"num_attention_heads\": 64,"
-    "\"q_lora_rank\": 1536, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128,"
-    "\"n_routed_experts\": %d, \"n_shared_experts\": 1, \"num_experts_per_tok\": 8, \"n_group\": 1, \"topk_group\": 1,"
-    "\"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.827,"
-    "\"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-06, \"rope_theta\": 50000.0,"
-    "\"rope_scaling\": {\"beta_fast\": 1.0, \"beta_slow\": 1.0, \"factor\": 32.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0,"
-    "\"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}, \"tie_word_embeddings\": false}";
-
 constexpr int kBatches[] = {1, 8, 32};
 constexpr int kMaxB = 32, kRows = 16, kObs = 4, kK = 8, kKimiLayers = 61;
 
@@ -151,10 +141,8 @@ int main(int argc, char **argv) {
     if (bench_open("bench_dflash_cost", out_path, &out)) return 1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    char json[2048];
-    snprintf(json, sizeof json, kKimiFmt, L, E);
     kdt_model_config cfg;
-    KCK(kdt_model_config_parse(json, strlen(json), "Kimi K2 dims", &cfg));
+    bench_kimi_config(L, E, 163840, &cfg);
     kdt_model *m = NULL;
     KCK(kdt_model_random_cuda(&cfg, 11, KDT_BF16, &m));
     const int32_t hid = cfg.hidden_size, V = cfg.vocab_size, D = c.bs - 1;

@@ -28,31 +28,10 @@ MTP=${MTP:-models/kdt-small-mtp}
 LIMITS=${LIMITS:-8,32,64}
 NEW=${NEW:-48}
 npass=0 nfail=0 nskip=0
-say() { echo "$*" | tee -a "$OUT/summary.txt"; }
-
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
-# step NAME LIMIT CMD...: CMD under a time limit (cut to what is left before DEADLINE), logged.
-step() {
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS left=$((DEADLINE - SECONDS))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt 15 ]; then say "SKIP  $name (out of time: ${left}s left)"; nskip=$((nskip + 1)); return 124; fi
-    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    local rc=$?
-    local verdict=PASS
-    [ $rc -ne 0 ] && verdict=FAIL
-    [ $rc -eq 124 ] && verdict="FAIL (timed out at ${limit}s)"
-    say "$verdict  $name (exit $rc, $((SECONDS - t0)) s)"
-    [ $rc -eq 0 ] && npass=$((npass + 1)) || nfail=$((nfail + 1))
-    return $rc
-}
-test_counts() {
-    local log="$LOGS/$1.log"
-    say "      $(grep -c '^PASS ' "$log") PASS, $(grep -c '^FAIL ' "$log") FAIL, $(grep -c '^SKIP ' "$log") SKIP"
-    grep -E '^FAIL ' "$log" | head -8 | sed 's/^/      /' | tee -a "$OUT/summary.txt"
-}
+source scripts/gpu_steps.sh  # say, step, test_counts
 
 : >"$OUT/summary.txt"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/device.h"
+#include "drafter_check.h"
 #include "harness.h"
 #include "kdt/spec.h"
 
@@ -24,19 +25,6 @@ typedef kdt_status (*make_fn)(kdt_model *target, kdt_backend be, kdt_drafter **d
 
 static kdt_status make_dflash(kdt_model *t, kdt_backend be, kdt_drafter **dr) { (void)be; return kdt_drafter_dflash(t, dflash_dir, dr); }
 static kdt_status make_mtp(kdt_model *t, kdt_backend be, kdt_drafter **dr) { (void)t; return kdt_drafter_mtp(mtp_dir, be, dr); }
-
-/* The target's states of tokens [n] as drafter dr wants them, in backend memory: hidden [n, W]. */
-static kdt_status features(kdt_model *m, const kdt_drafter *dr, const int32_t *tokens, int32_t n, float *hidden) {
-    kdt_cache *c = NULL;
-    kdt_status s = kdt_cache_create(m, 1, n + 1, 0, &c);
-    if (s == KDT_OK) s = kdt_model_set_hidden_layers(m, dr->n_hidden_layers, dr->hidden_layers);
-    const int32_t req = 0;
-    const kdt_batch bt = {.B = 1, .req = &req, .n_rows = &n, .tokens = tokens, .logits_rows = KDT_LOGITS_LAST};
-    if (s == KDT_OK) s = kdt_model_forward(m, c, &bt, NULL, hidden, NULL);
-    kdt_model_set_hidden_layers(m, 0, NULL);
-    kdt_cache_free(c);
-    return s;
-}
 
 /* A fresh drafter's D x K proposal for history hist [len] on the target's backend, on the host. */
 static kdt_status propose(kdt_model *m, make_fn make, const int32_t *hist, int32_t len, int32_t D, int32_t K, float *scores, int32_t *tokens) {
@@ -56,7 +44,7 @@ static kdt_status propose(kdt_model *m, make_fn make, const int32_t *hist, int32
         if (s == KDT_OK) s = kdt_dev_alloc((void **)&d_sc, n * sizeof *d_sc);
         if (s == KDT_OK) s = kdt_dev_alloc((void **)&d_tk, n * sizeof *d_tk);
     }
-    if (s == KDT_OK) s = features(m, dr, hist, len - 1, hid);
+    if (s == KDT_OK) s = kt_target_states(m, dr, hist, len - 1, hid);
     const kdt_draft_setup set = {.slots = 1, .max_len = len + 1, .D = D, .K = K, .vocab_size = cf->vocab_size,
                                  .hidden_size = cf->hidden_size, .backend = be};
     const int32_t slot = 0, n_new = 1, zero = 0, rows = len - 1;
@@ -81,9 +69,9 @@ static void check_hidden(kdt_model *mc, kdt_model *mg) {
     int32_t tok[11];
     for (int32_t i = 0; i < n; i++) tok[i] = 3 + i * 7 % 80;
     float *hc = malloc((size_t)n * W * sizeof *hc), *hg = malloc((size_t)n * W * sizeof *hg), *d = NULL;
-    s = features(mc, dr, tok, n, hc);
+    s = kt_target_states(mc, dr, tok, n, hc);
     if (s == KDT_OK) s = kdt_dev_alloc((void **)&d, (size_t)n * W * sizeof *d);
-    if (s == KDT_OK) s = features(mg, dr, tok, n, d);
+    if (s == KDT_OK) s = kt_target_states(mg, dr, tok, n, d);
     if (s == KDT_OK) s = kdt_dev_d2h(hg, d, (size_t)n * W * sizeof *hg);
     float e = s == KDT_OK ? 0.0f : INFINITY, scale = 0.0f;
     for (int64_t i = 0; s == KDT_OK && i < (int64_t)n * W; i++) e = fmaxf(e, fabsf(hc[i] - hg[i])), scale = fmaxf(scale, fabsf(hc[i]));
