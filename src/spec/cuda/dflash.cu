@@ -300,7 +300,7 @@ kdt_status attn(dfl_dev *g, int32_t l, int32_t R, const int32_t *slot, const int
     return KDT_OK;
 }
 
-/* One layer over the R block rows in g->x (f32, updated in place). dev: [tok R | pos R | slot B | n_ctx B | ...]. */
+/* One layer over the B * bs block rows in g->x (f32, updated in place); pos [R], slot [B], n_ctx [B] device. */
 kdt_status layer(dfl_dev *g, int32_t l, int32_t B, const int32_t *pos, const int32_t *slot, const int32_t *n_ctx, cudaStream_t s) {
     const dfl_config &c = g->c;
     const Layer &w = g->ly[l];
