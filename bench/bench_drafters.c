@@ -5,18 +5,24 @@
  *
  *   build/bench/bench_drafters --model DIR [--draft-model DIR] [--prompts FILE] [--limit 200]
  *        [--limits 16,64,200] [--batches 1,8,32] [--max-new 96] [--grid small|full]
- *        [--prefix-layers 1,2] [--drafters none,lookup,model,prefix-1,...] [--backend cpu|cuda]
- *        [--csv FILE] [--out FILE] [--time-budget S]
+ *        [--prefix-layers 1,2] [--drafters none,lookup,model,prefix-1,dflash,mtp,...] [--backend cpu|cuda]
+ *        [--dflash DIR] [--mtp DIR] [--temperature T] [--csv FILE] [--out FILE] [--time-budget S]
  *
  * Prompts: FILE holds one prompt per line, token ids separated by spaces (python/train_small_model.py
  * writes models/kdt-small/heldout_prompts.ids so). --limit caps how many are read; --limits, one per
  * batch size, how many each batch size runs (batch 1 is the slow one), in batches of B in file order.
  * Drafters: none (plain greedy, the reference), lookup (n-grams of prompt and output), model (the
- * --draft-model checkpoint) and prefix-L (the target's first L layers, kdt_draft_model_load); --drafters
- * picks some (none always runs: it is the reference). The CPU forward is single-threaded, so a machine
+ * --draft-model checkpoint), prefix-L (the target's first L layers, kdt_draft_model_load), dflash (a DFlash
+ * checkpoint, --dflash DIR) and mtp (an MTP layer, --mtp DIR); --drafters picks some (none always runs: it
+ * is the reference). The CPU forward is single-threaded, so a machine
  * with many cores runs one process per drafter and batch size (scripts/gpu_drafters.sh does).
  * Grid (D, K, N): small: (4,1,4) (8,1,8) (4,2,8) (8,2,16) (8,4,32); full: D in {4, 8}, K in {1, 2, 4},
- * N in {8, 16, 32}.
+ * N in {8, 16, 32}; ct: chain against tree verification at the same verify budget N: (4,1,4) (4,4,4)
+ * (7,1,7) (7,4,7), then trees past a block's reach (7,4,16) (7,8,32) (D <= 7: DFlash's block of 8).
+ * A (D, K, N) a drafter refuses (a depth past its block) is reported as skipped.
+ * --temperature T > 0: every request samples (seed = its prompt's index); the "= greedy" column then
+ * compares with the none run at the same temperature and seeds, which a drafter changes (sampling
+ * is lossless in distribution, not token for token: docs/sampling.md).
  * The backend's default precision: CUDA bf16, CPU f32. tokens/s: generated tokens (the prefill's
  * first included) over the whole kdt_spec_generate calls, prefill included, no per-phase
  * synchronization; a warm-up run precedes each batch size. "= greedy": requests whose output equals
@@ -53,6 +59,7 @@ typedef struct cfg {
 } cfg;
 
 static const cfg GRID_SMALL[] = {{4, 1, 4}, {8, 1, 8}, {4, 2, 8}, {8, 2, 16}, {8, 4, 32}};
+static const cfg GRID_CT[] = {{4, 1, 4}, {4, 4, 4}, {7, 1, 7}, {7, 4, 7}, {7, 4, 16}, {7, 8, 32}};
 
 typedef struct drafter_entry {
     char name[32];
@@ -74,10 +81,12 @@ static int parse_list(const char *arg, int *out, int max) {
     return n;
 }
 
-/* Runs prompts [0, n) in batches of B; outputs go to out[i] (max_new each). */
-static totals run_all(kdt_model *m, kdt_drafter *d, const cfg *c, int B, const prompts *p, int n, int max_new,
-                      int32_t **out, int32_t *n_out) {
+/* Runs prompts [0, n) in batches of B; outputs go to out[i] (max_new each). A failure (a setting the
+ * drafter refuses) comes back in *st. */
+static totals run_all(kdt_model *m, kdt_drafter *d, const cfg *c, int B, const prompts *p, int n, int max_new, float temp,
+                      int32_t **out, int32_t *n_out, kdt_status *st_out) {
     totals t = {0};
+    *st_out = KDT_OK;
     kdt_spec_request *req = calloc((size_t)B, sizeof *req);
     const kdt_spec_params par = {.depth = c->D, .topk = c->K, .budget = c->N, .eos = -1,
                                  .pad_tree = kdt_model_backend(m) == KDT_BACKEND_CUDA, .sync_timing = 0};
@@ -85,9 +94,10 @@ static totals run_all(kdt_model *m, kdt_drafter *d, const cfg *c, int B, const p
         const int nb = n - i0 < B ? n - i0 : B;
         for (int b = 0; b < nb; b++)
             req[b] = (kdt_spec_request){.prompt = p->ids[i0 + b], .prompt_len = p->len[i0 + b], .max_new = max_new,
-                                        .out = out[i0 + b]};
+                                        .out = out[i0 + b], .temperature = temp, .seed = (uint64_t)(i0 + b)};
         kdt_spec_stats st;
         kdt_status s = kdt_spec_generate(m, d, &par, nb, req, &st, NULL);
+        if (s != KDT_OK && d) { *st_out = s; break; }
         if (s != KDT_OK) die("kdt_spec_generate", s);
         for (int b = 0; b < nb; b++) n_out[i0 + b] = req[b].n_out;
         t.request_steps += st.request_steps;
@@ -100,6 +110,8 @@ static totals run_all(kdt_model *m, kdt_drafter *d, const cfg *c, int B, const p
 }
 
 int main(int argc, char **argv) {
+    const char *dflash_dir = NULL, *mtp_dir = NULL;
+    float temp = 0.0f;
     const char *model_dir = NULL, *draft_dir = NULL, *prompts_path = NULL, *csv_path = NULL, *md_path = NULL;
     const char *grid = "small", *batches_arg = "1,8,32", *limits_arg = NULL, *prefix_arg = "1,2", *pick = NULL;
     int limit = 200, max_new = 96;
@@ -112,6 +124,9 @@ int main(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--model")) model_dir = v;
         else if (!strcmp(a, "--draft-model")) draft_dir = v;
+        else if (!strcmp(a, "--dflash")) dflash_dir = v;
+        else if (!strcmp(a, "--mtp")) mtp_dir = v;
+        else if (!strcmp(a, "--temperature")) temp = (float)atof(v);
         else if (!strcmp(a, "--prompts")) prompts_path = v;
         else if (!strcmp(a, "--limit")) limit = atoi(v);
         else if (!strcmp(a, "--limits")) limits_arg = v;
@@ -130,10 +145,10 @@ int main(int argc, char **argv) {
             else { fprintf(stderr, "bench_drafters: --backend takes cpu or cuda, not %s\n", v); return 2; }
         } else { fprintf(stderr, "bench_drafters: unknown option %s\n", a); return 2; }
     }
-    if (!model_dir || limit < 1 || max_new < 1 || (strcmp(grid, "small") && strcmp(grid, "full"))) {
+    if (!model_dir || limit < 1 || max_new < 1 || temp < 0 || (strcmp(grid, "small") && strcmp(grid, "full") && strcmp(grid, "ct"))) {
         fprintf(stderr, "usage: bench_drafters --model DIR [--draft-model DIR] [--prompts FILE] [--limit N] [--limits 16,64,200]\n"
-                        "       [--batches 1,8,32] [--max-new 96] [--grid small|full] [--prefix-layers 1,2]\n"
-                        "       [--drafters none,lookup,model,prefix-1,...]\n"
+                        "       [--batches 1,8,32] [--max-new 96] [--grid small|full|ct] [--prefix-layers 1,2]\n"
+                        "       [--drafters none,lookup,model,prefix-1,dflash,mtp,...] [--dflash DIR] [--mtp DIR] [--temperature T]\n"
                         "       [--backend cpu|cuda] [--csv FILE] [--out FILE] [--time-budget S]\n");
         return 2;
     }
@@ -157,7 +172,7 @@ int main(int argc, char **argv) {
         if ((s = kdt_draft_model_load(model_dir, prefix_layers[i], be, &prefix[i])) != KDT_OK) die("target prefix", s);
     }
 
-    drafter_entry dr[3 + MAX_PREFIX];
+    drafter_entry dr[5 + MAX_PREFIX];
     int n_dr = 0;
     dr[n_dr++] = (drafter_entry){"none", NULL};
     snprintf(dr[n_dr].name, sizeof dr[n_dr].name, "lookup");
@@ -169,6 +184,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_prefix; i++) {
         snprintf(dr[n_dr].name, sizeof dr[n_dr].name, "prefix-%d", prefix_layers[i]);
         if ((s = kdt_drafter_model(prefix[i], &dr[n_dr++].d)) != KDT_OK) die("prefix drafter", s);
+    }
+    if (dflash_dir) {
+        snprintf(dr[n_dr].name, sizeof dr[n_dr].name, "dflash");
+        if ((s = kdt_drafter_dflash(target, dflash_dir, &dr[n_dr++].d)) != KDT_OK) die(dflash_dir, s);
+    }
+    if (mtp_dir) {
+        snprintf(dr[n_dr].name, sizeof dr[n_dr].name, "mtp");
+        if ((s = kdt_drafter_mtp(mtp_dir, be, &dr[n_dr++].d)) != KDT_OK) die(mtp_dir, s);
     }
 
     if (pick) {  /* keep none and the drafters named */
@@ -189,8 +212,10 @@ int main(int argc, char **argv) {
     for (int D = 4; D <= 8; D += 4)
         for (int K = 1; K <= 4; K *= 2)
             for (int N = 8; N <= 32; N *= 2) full[n_full++] = (cfg){D, K, N};
-    const cfg *gr = strcmp(grid, "full") ? GRID_SMALL : full;
-    const int n_gr = strcmp(grid, "full") ? (int)(sizeof GRID_SMALL / sizeof GRID_SMALL[0]) : n_full;
+    const cfg *gr = !strcmp(grid, "full") ? full : !strcmp(grid, "ct") ? GRID_CT : GRID_SMALL;
+    const int n_gr = !strcmp(grid, "full") ? n_full
+                     : !strcmp(grid, "ct") ? (int)(sizeof GRID_CT / sizeof GRID_CT[0])
+                                           : (int)(sizeof GRID_SMALL / sizeof GRID_SMALL[0]);
 
     prompts p = {0};
     if (read_prompts("bench_drafters", prompts_path, limit, tc->vocab_size, &p) || !p.n) {
@@ -210,20 +235,21 @@ int main(int argc, char **argv) {
     if ((csv_path && !csv) || (md_path && !md)) { fprintf(stderr, "bench_drafters: cannot write the outputs\n"); return 1; }
     if (csv)
         fprintf(csv, "backend,dtype,batch,drafter,D,K,N,prompts,tokens,seconds,tokens_per_s,speedup,mean_accepted,"
-                     "tokens_per_step,equal_greedy,parted,first_part\n");
-    char head[8192];
+                     "tokens_per_step,equal_greedy,parted,first_part,verify,temperature\n");
+    char head[8192], temp_desc[64] = "greedy";
+    if (temp > 0) snprintf(temp_desc, sizeof temp_desc, "temperature %.2f", temp);
     snprintf(head, sizeof head,
              "# bench_drafters: %s, %s backend, %s\n\nTarget %s: %d layers, hidden %d, %d experts (top %d), vocab %d. Draft "
-             "model: %s. Prompts: %s (%d read), %d new tokens each, greedy. Grid: %s.\n\n"
-             "| batch | drafter | D | K | N | prompts | tokens/s | vs none | accepted | tok/step | = greedy | parts at |\n"
-             "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             "model: %s. DFlash: %s. MTP: %s. Prompts: %s (%d read), %d new tokens each, %s. Grid: %s.\n\n"
+             "| batch | drafter | verify | D | K | N | prompts | tokens/s | vs none | accepted | tok/step | = none | parts at |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
              model_dir, kdt_backend_name(be), kdt_dtype_name(kdt_model_dtype(target)), model_dir, tc->num_hidden_layers,
              tc->hidden_size, tc->n_routed_experts, tc->num_experts_per_tok, tc->vocab_size, draft_dir ? draft_dir : "none",
-             prompts_path, p.n, max_new, grid);
+             dflash_dir ? dflash_dir : "none", mtp_dir ? mtp_dir : "none", prompts_path, p.n, max_new, temp_desc, grid);
     fputs(head, stdout);
     if (md) fputs(head, md);
 
-    char best[16][160];
+    char best[16][512];
     int skipped = 0;
     for (int bi = 0; bi < n_b; bi++) {
         const int B = batches[bi];
@@ -234,13 +260,23 @@ int main(int argc, char **argv) {
         snprintf(best[bi], sizeof best[bi], "batch %d: none", B);
         const cfg plain = {1, 1, 1};
         int warm = B < n ? B : n;
-        run_all(target, NULL, &plain, B, &p, warm, max_new, out, out_n);  /* warm-up */
+        kdt_status rs;
+        run_all(target, NULL, &plain, B, &p, warm, max_new, temp, out, out_n, &rs);  /* warm-up */
         double base = 0;
         for (int di = 0; di < n_dr; di++) {
             for (int gi = 0; gi < (di ? n_gr : 1); gi++) {
                 const cfg *c = di ? &gr[gi] : &plain;
                 if (budget > 0 && now_s() - t0 > budget) { skipped++; continue; }
-                totals t = run_all(target, dr[di].d, c, B, &p, n, max_new, di ? out : ref, di ? out_n : ref_n);
+                totals t = run_all(target, dr[di].d, c, B, &p, n, max_new, temp, di ? out : ref, di ? out_n : ref_n, &rs);
+                const char *verify = !di ? "-" : c->K == 1 ? "chain" : "tree";
+                if (rs != KDT_OK) {
+                    char row[768];
+                    snprintf(row, sizeof row, "| %d | %s | %s | %d | %d | %d | - | skipped: %.120s |\n", B, dr[di].name, verify, c->D,
+                             c->K, c->N, kdt_last_error());
+                    fputs(row, stdout);
+                    if (md) fputs(row, md);
+                    continue;
+                }
                 t.first_part = max_new;
                 for (int i = 0; i < n; i++) {
                     if (!di) { t.equal++; continue; }
@@ -257,17 +293,17 @@ int main(int argc, char **argv) {
                 char parts[32] = "-";
                 if (t.parted) snprintf(parts, sizeof parts, "%d", t.first_part);
                 char row[512];
-                snprintf(row, sizeof row, "| %d | %s | %d | %d | %d | %d | %.1f | %.2fx | %.2f | %.2f | %d/%d | %s |\n", B,
-                         dr[di].name, di ? c->D : 0, di ? c->K : 0, di ? c->N : 0, n, tps, base > 0 ? tps / base : 0, acc,
+                snprintf(row, sizeof row, "| %d | %s | %s | %d | %d | %d | %d | %.1f | %.2fx | %.2f | %.2f | %d/%d | %s |\n", B,
+                         dr[di].name, verify, di ? c->D : 0, di ? c->K : 0, di ? c->N : 0, n, tps, base > 0 ? tps / base : 0, acc,
                          tok_step, t.equal, n, parts);
                 fputs(row, stdout);
                 fflush(stdout);
                 if (md) fputs(row, md);
                 if (csv)
-                    fprintf(csv, "%s,%s,%d,%s,%d,%d,%d,%d,%lld,%.4f,%.2f,%.4f,%.4f,%.4f,%d,%d,%d\n", kdt_backend_name(be),
+                    fprintf(csv, "%s,%s,%d,%s,%d,%d,%d,%d,%lld,%.4f,%.2f,%.4f,%.4f,%.4f,%d,%d,%d,%s,%.2f\n", kdt_backend_name(be),
                             kdt_dtype_name(kdt_model_dtype(target)), B, dr[di].name, di ? c->D : 0, di ? c->K : 0,
                             di ? c->N : 0, n, (long long)t.tokens, t.seconds, tps, base > 0 ? tps / base : 0, acc, tok_step,
-                            t.equal, t.parted, t.parted ? t.first_part : -1);
+                            t.equal, t.parted, t.parted ? t.first_part : -1, verify, temp);
                 if (tps > best_tps) {
                     best_tps = tps;
                     snprintf(best[bi], sizeof best[bi], "batch %d: %s (D=%d K=%d N=%d), %.1f tokens/s, %.2fx none", B,

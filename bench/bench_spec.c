@@ -50,22 +50,6 @@ static uint64_t rnd(void) { return bench_splitmix64(&g_rng); }
 
 #define SEED 7
 
-/* Kimi K2's per-layer dims (bench/bench_model.cu's), with the layer, expert and vocabulary counts given. */
-static void kimi_config(int layers, int experts, int vocab, kdt_model_config *cfg) {
-    char json[2048];
-    snprintf(json, sizeof json,
-             "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"vocab_size\": %d, \"hidden_size\": 7168,"
-             "\"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, \"num_hidden_layers\": %d, \"num_attention_heads\": 64,"
-             "\"q_lora_rank\": 1536, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128,"
-             "\"n_routed_experts\": %d, \"n_shared_experts\": 1, \"num_experts_per_tok\": 8, \"n_group\": 1, \"topk_group\": 1,"
-             "\"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.827,"
-             "\"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-06, \"rope_theta\": 50000.0,"
-             "\"rope_scaling\": {\"beta_fast\": 1.0, \"beta_slow\": 1.0, \"factor\": 32.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0,"
-             "\"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}, \"tie_word_embeddings\": false}",
-             vocab, layers, experts);
-    KCK(kdt_model_config_parse(json, strlen(json), "Kimi K2 dims", cfg));
-}
-
 /* ---- the oracle drafter: replays the plain greedy output of the same batch ---- */
 
 typedef struct oracle {
@@ -190,7 +174,7 @@ int main(int argc, char **argv) {
     kdt_model *target = NULL, *first = NULL;
     if (be == KDT_BACKEND_CUDA) {
         kdt_model_config cfg;
-        kimi_config(layers, experts, vocab, &cfg);
+        bench_kimi_config(layers, experts, vocab, &cfg);
         KCK(kdt_model_random_cuda(&cfg, SEED, dt, &target));
         cfg.num_hidden_layers = 1;
         KCK(kdt_model_random_cuda(&cfg, SEED, dt, &first));

@@ -18,11 +18,12 @@ mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
 DEADLINE=${DEADLINE:-300}
 JOBS=${JOBS:-16}
+npass=0 nfail=0 nskip=0
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
-source scripts/gpu_step.sh  # say, step, test_counts
+source scripts/gpu_steps.sh  # say, step, test_counts
 
 : >"$OUT/summary.txt"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"

@@ -31,7 +31,8 @@ NEW=11 OLD=3  # flags: this branch's default, main's default
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
-source scripts/gpu_step.sh  # say, step, test_counts
+npass=0 nfail=0 nskip=0
+source scripts/gpu_steps.sh  # say, step, test_counts
 
 : >"$OUT/summary.txt"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); flags $NEW (new) against $OLD (main's default)"

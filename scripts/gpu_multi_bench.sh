@@ -14,7 +14,7 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
 DEADLINE=${DEADLINE:-560}
-source scripts/gpu_steps.sh
+source scripts/gpu_multi_steps.sh
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
 source scripts/gpu_deps.sh

@@ -7,6 +7,17 @@
 
 #include "harness.h"
 
+kdt_status kt_target_states(kdt_model *m, const kdt_drafter *dr, const int32_t *tokens, int32_t n, float *hidden) {
+    kdt_cache *c = NULL;
+    kdt_status s = kdt_cache_create(m, 1, n + 1, 0, &c);
+    if (s == KDT_OK) s = kdt_model_set_hidden_layers(m, dr->n_hidden_layers, dr->hidden_layers);
+    const int32_t req = 0;
+    const kdt_batch bt = {.B = 1, .req = &req, .n_rows = &n, .tokens = tokens, .logits_rows = KDT_LOGITS_LAST};
+    if (s == KDT_OK) s = kdt_model_forward(m, c, &bt, NULL, hidden, NULL); /* the layers stay set: a loop may be using m */
+    kdt_cache_free(c);
+    return s;
+}
+
 kdt_status kt_draft_fresh(kdt_drafter *dr, const kdt_model_config *cf, const int32_t *hist, int32_t len, int32_t D,
                           int32_t K, const float *hidden, float *scores, int32_t *tokens) {
     const kdt_draft_setup set = {.slots = 1, .max_len = len + 1, .D = D, .K = K, .vocab_size = cf->vocab_size,

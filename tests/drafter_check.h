@@ -12,6 +12,11 @@
 kdt_status kt_draft_fresh(kdt_drafter *dr, const kdt_model_config *cf, const int32_t *hist, int32_t len, int32_t D,
                           int32_t K, const float *hidden, float *scores, int32_t *tokens);
 
+/* The target's states of tokens [n] as drafter dr wants them (its layers, or the final norm's
+ * output), from a forward in a fresh cache: hidden [n, W] in the target's backend memory. Leaves
+ * the drafter's layers set on m (what the loop that may be running on m has set). */
+kdt_status kt_target_states(kdt_model *m, const kdt_drafter *dr, const int32_t *tokens, int32_t n, float *hidden);
+
 /* A fresh drafter's proposal for one history, over a fresh target forward of it. */
 typedef kdt_status (*kt_fresh_propose)(kdt_model *m, const int32_t *hist, int32_t len, int32_t D, int32_t K, float *scores,
                                        int32_t *tokens);

@@ -6,7 +6,7 @@
  *  - speculative decoding with it equals plain greedy decoding for several (D, K, N), batch 3,
  *    and every proposal inside the loop equals a fresh drafter's over a fresh target forward of
  *    the request's history (the context the loop fed back, tree rows and all, is the right one).
- * CPU only: the drafter has no CUDA path yet. */
+ * CPU only; the CUDA path is tests/test_spec_drafters_cuda.c. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,18 +27,6 @@ static float max_abs_diff(const float *a, const float *b, int64_t n) {
     return m;
 }
 
-/* Target forward over tokens [n] in a fresh cache with the drafter's layers: hidden [n, nT * hid]. */
-static kdt_status target_features(kdt_model *m, const kdt_drafter *dr, const int32_t *tokens, int32_t n, float *hidden) {
-    kdt_cache *c = NULL;
-    kdt_status s = kdt_cache_create(m, 1, n + 1, 0, &c);
-    if (s == KDT_OK) s = kdt_model_set_hidden_layers(m, dr->n_hidden_layers, dr->hidden_layers);
-    const int32_t req = 0;
-    const kdt_batch bt = {.B = 1, .req = &req, .n_rows = &n, .tokens = tokens, .logits_rows = KDT_LOGITS_LAST};
-    if (s == KDT_OK) s = kdt_model_forward(m, c, &bt, NULL, hidden, NULL);
-    kdt_cache_free(c);
-    return s;
-}
-
 /* A fresh drafter's proposal for one history: D x K scores and tokens. */
 static kdt_status fresh_propose(kdt_model *m, const int32_t *hist, int32_t len, int32_t D, int32_t K, float *scores, int32_t *tokens) {
     const kdt_model_config *cf = kdt_model_get_config(m);
@@ -46,7 +34,7 @@ static kdt_status fresh_propose(kdt_model *m, const int32_t *hist, int32_t len, 
     kdt_status s = kdt_drafter_dflash(m, draft_dir, &dr);
     float *hid = s == KDT_OK ? malloc((size_t)len * dr->n_hidden_layers * cf->hidden_size * sizeof(float)) : NULL;
     if (s == KDT_OK && !hid) s = KDT_ERR_NOMEM;
-    if (s == KDT_OK) s = target_features(m, dr, hist, len - 1, hid);
+    if (s == KDT_OK) s = kt_target_states(m, dr, hist, len - 1, hid);
     if (s == KDT_OK) s = kt_draft_fresh(dr, cf, hist, len, D, K, hid, scores, tokens);
     free(hid);
     kdt_drafter_free(dr);
@@ -72,7 +60,7 @@ static void check_reference(kdt_model *m) {
     }
     const int32_t P = (int32_t)prompt.dims[0], W = (int32_t)feat.dims[1], bs = (int32_t)logits.dims[0], V = (int32_t)logits.dims[1];
     float *hid = malloc((size_t)P * W * sizeof(float));
-    s = target_features(m, dr, prompt.data, P, hid);
+    s = kt_target_states(m, dr, prompt.data, P, hid);
     const float fe = s == KDT_OK ? max_abs_diff(hid, feat.data, (int64_t)P * W) : INFINITY;
     kt_check(s == KDT_OK && fe < 1e-4f, "target hidden states of layers %d, %d against transformers' hidden_states[l + 1]: max |diff| %.2e",
              dr->hidden_layers[0], dr->hidden_layers[1], fe);

@@ -82,7 +82,7 @@ KDT_API kdt_status kdt_model_load(const char *dir, kdt_backend backend, kdt_mode
  * input is x = eh_proj([enorm(embed(token)); hnorm(h)]), h the kdt_batch's mtp_hidden row, then
  * the decoder layer (MLA over its own cache, MoE or dense as layer N is), shared_head.norm and
  * shared_head.head (the checkpoint's LM head when absent); the embedding is layer N's
- * embed_tokens when present, else the model's. CPU backend only (KDT_ERR_UNSUPPORTED otherwise). */
+ * embed_tokens when present, else the model's. CPU (f32) or CUDA (bf16, mtp_hidden then device memory). */
 KDT_API kdt_status kdt_model_load_mtp(const char *dir, kdt_backend backend, kdt_model **out);
 /* The built-in model (Kimi K2's layout scaled down: see src/model/builtin.c), made from seed. */
 KDT_API kdt_status kdt_model_builtin(uint64_t seed, kdt_backend backend, kdt_model **out);
@@ -172,7 +172,7 @@ typedef struct kdt_batch {
     const uint8_t *tree_mask;    /* per request [n_rows, n_rows] (0/1), back to back; NULL: causal.
                                     A request with a mask has n_rows <= KDT_MODEL_MAX_TREE. */
     kdt_logits_rows logits_rows;
-    const float *mtp_hidden;     /* [R, hidden] host: an MTP model's (kdt_model_load_mtp) other input, the
+    const float *mtp_hidden;     /* [R, hidden] host (device on CUDA): an MTP model's (kdt_model_load_mtp) other input, the
                                     target's hidden state paired with each row's token; NULL otherwise */
 } kdt_batch;
 
@@ -185,13 +185,14 @@ typedef struct kdt_batch {
 /* What the forward's hidden output holds: with n > 0, the residual streams after layers
  * layers[0 .. n-1] (each in 0 .. num_hidden_layers - 1, the output of that decoder layer, no norm),
  * concatenated per row: hidden [R, n * hidden_size]; n = 0 (the default): the final norm's output
- * [R, hidden_size]. For drafters that read intermediate layers (DFlash). CPU backend only for
- * n > 0 (a CUDA forward asked for hidden then fails with KDT_ERR_UNSUPPORTED). */
+ * [R, hidden_size]. For drafters that read intermediate layers (DFlash). On CUDA with n > 0,
+ * hidden must be device memory (else the forward fails with KDT_ERR_UNSUPPORTED). */
 #define KDT_MODEL_MAX_HIDDEN_LAYERS 16
 KDT_API kdt_status kdt_model_set_hidden_layers(kdt_model *m, int32_t n, const int32_t *layers);
-/* The embedding and the LM head, host f32 [vocab, hidden] each (the same memory when tied):
- * CPU backend only (KDT_ERR_UNSUPPORTED on CUDA). For drafters that share them (DFlash). */
-KDT_API kdt_status kdt_model_host_embeddings(const kdt_model *m, const float **embed, const float **lm_head);
+/* The embedding and the LM head [vocab, hidden] each (the same memory when tied), in the backend's
+ * memory and the model's dtype (kdt_model_dtype): host f32 on the CPU, device memory on CUDA. For
+ * drafters that share them (DFlash). */
+KDT_API kdt_status kdt_model_embeddings(const kdt_model *m, const void **embed, const void **lm_head);
 KDT_API kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *batch,
                                      float *logits, float *hidden, void *stream);
 

@@ -94,12 +94,13 @@ KDT_API kdt_status kdt_drafter_model(kdt_model *draft, kdt_drafter **out);
 /* DFlash (z-lab's DFlashDraftModel checkpoint in dir; docs/spec.md): one forward of the block
  * [root, mask x (block_size - 1)] over the target's hidden states of target_layer_ids drafts
  * depths 1 .. D (D <= block_size - 1), each one's top K as log-softmax scores. It shares the
- * target's embedding and LM head (target must outlive the drafter). CPU backend only so far. */
+ * target's embedding and LM head (target must outlive the drafter). CPU and CUDA backends. */
 KDT_API kdt_status kdt_drafter_dflash(kdt_model *target, const char *dir, kdt_drafter **out);
 
 /* MTP: the next-token layer of the checkpoint in dir (kdt_model_load_mtp; normally the target's
  * own folder) run D times in a chain per step over its own cache, fed the target's final hidden
- * states; depth d's candidates are the top K of its d-th logits (docs/spec.md). CPU backend only. */
+ * states; depth d's candidates are the top K of its d-th logits (docs/spec.md). backend: the loop's (the
+ * layer loads there; bf16 on CUDA). */
 KDT_API kdt_status kdt_drafter_mtp(const char *dir, kdt_backend backend, kdt_drafter **out);
 
 KDT_API void kdt_drafter_free(kdt_drafter *d);   /* destroy(state), then the struct */

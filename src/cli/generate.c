@@ -85,9 +85,9 @@ static int fail(const char *what, kdt_status s) {
     "  default, is the whole target: every draft token is right, the upper bound of acceptance).\n"    \
     "  --draft-model DIR: another checkpoint with the target's vocabulary as the draft model.\n"       \
     "  dflash: a DFlash block drafter (--draft-model DIR: z-lab's checkpoint format, read with the\n"  \
-    "  target's hidden states; D <= block_size - 1; CPU backend only so far; docs/spec.md).\n"      \
+    "  target's hidden states; D <= block_size - 1; docs/spec.md).\n"                             \
     "  mtp: the checkpoint's next-token (MTP) layer chained D times (--draft-model DIR, default the\n" \
-    "  target's folder; CPU backend only so far).\n"                                                \
+    "  target's folder).\n"                                                                           \
     "  --temperature T > 0 samples (0, the default, is greedy) from softmax(logits / T) after keeping\n" \
     "  the --top-k largest logits (0: off) and then the smallest set reaching probability --top-p\n"  \
     "  (1: off); speculative decoding then accepts by rejection sampling and gives the same\n"       \

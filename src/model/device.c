@@ -155,6 +155,15 @@ kdt_status kdt_model_upload_top(kdt_model *m) {
     return s;
 }
 
+kdt_status kdt_model_upload_mtp(kdt_model *m) {
+    const size_t hid = (size_t)m->cfg.hidden_size;
+    kdt_status s = copy_vec(m, m->mtp_enorm, hid, &m->d_mtp_enorm);
+    if (s == KDT_OK) s = copy_vec(m, m->mtp_hnorm, hid, &m->d_mtp_hnorm);
+    if (s == KDT_OK) s = copy(m, m->mtp_eh, hid * 2 * hid, m->dtype, &m->d_mtp_eh);
+    m->mtp_enorm = m->mtp_hnorm = m->mtp_eh = NULL; /* the host copies are the caller's to release */
+    return s;
+}
+
 kdt_status kdt_model_upload_layer(kdt_model *m, int32_t l) {
     const kdt_model_config *c = &m->cfg;
     const kdt_layer_w *w = &m->layers[l];

@@ -130,6 +130,8 @@ struct kdt_model {
     uint32_t flags;                            /* KDT_MODEL_MOE_DEVICE, KDT_MODEL_GRAPHS, KDT_MODEL_GEMV */
     const float *mtp_enorm, *mtp_hnorm;        /* MTP model (kdt_model_load_mtp): [hidden] each; NULL otherwise */
     const float *mtp_eh;                       /* [hidden, 2 * hidden] */
+    float *d_mtp_enorm, *d_mtp_hnorm;          /* CUDA MTP model: [hidden] each */
+    void *d_mtp_eh;                            /* [hidden, 2 * hidden] dtype */
     int32_t n_hid_layers;                      /* kdt_model_set_hidden_layers; 0: hidden is the final norm's output */
     int32_t hid_layers[KDT_MODEL_MAX_HIDDEN_LAYERS];
     /* Expert parallel (ep.c): the communicator of a model loaded on more than one rank (NULL
@@ -166,6 +168,7 @@ int        kdt_layer_is_moe(const kdt_model_config *c, int32_t layer);
 kdt_status kdt_model_dbuf(kdt_model *m, size_t nbytes, void **out); /* device memory owned by m */
 kdt_status kdt_model_upload_top(kdt_model *m);              /* embedding, final norm, LM head */
 kdt_status kdt_model_upload_layer(kdt_model *m, int32_t layer);
+kdt_status kdt_model_upload_mtp(kdt_model *m);              /* an MTP model's enorm, hnorm, eh_proj */
 void       kdt_model_free_device(kdt_model *m);
 /* A CUDA model of config cfg (finished: kdt_config_finish) with random weights made on the
  * device: uniform, scale 1 / sqrt(fan_in), norms near 1, as the built-in model. For benchmarks

@@ -450,7 +450,7 @@ kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, fl
     int64_t R = 0;
     kdt_status s = check_batch(m, c, bt, &R);
     if (s != KDT_OK) return s;
-    if (m->mtp_eh && !bt->mtp_hidden) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: an MTP model needs the batch's mtp_hidden");
+    if ((m->mtp_eh || m->d_mtp_eh) && !bt->mtp_hidden) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: an MTP model needs the batch's mtp_hidden");
     int32_t *start = malloc((size_t)bt->B * sizeof *start), *pos = malloc((size_t)R * sizeof *pos);
     if (!start || !pos) { free(start); free(pos); return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory"); }
     for (int32_t b = 0, r = 0; b < bt->B; b++) {
@@ -458,10 +458,7 @@ kdt_status kdt_model_forward(kdt_model *m, kdt_cache *c, const kdt_batch *bt, fl
         for (int32_t i = 0; i < bt->n_rows[b]; i++, r++) pos[r] = bt->positions ? bt->positions[r] : start[b] + i;
         grow(c, bt->req[b], start[b] + bt->n_rows[b]);
     }
-    if (m->backend == KDT_BACKEND_CUDA && hidden && m->n_hid_layers > 0)
-        s = kdt_fail(KDT_ERR_UNSUPPORTED, "forward: intermediate layers' hidden states are CPU-only so far");
-    else
-        s = m->backend == KDT_BACKEND_CUDA ? kdt_forward_cuda(m, c, bt, start, pos, logits, hidden, stream)
+    s = m->backend == KDT_BACKEND_CUDA ? kdt_forward_cuda(m, c, bt, start, pos, logits, hidden, stream)
                                        : kdt_forward_cpu(m, c, bt, start, pos, logits, hidden);
     if (s != KDT_OK)
         for (int32_t b = 0; b < bt->B; b++) shrink(c, bt->req[b], start[b]);
@@ -483,11 +480,10 @@ kdt_status kdt_model_set_hidden_layers(kdt_model *m, int32_t n, const int32_t *l
     return KDT_OK;
 }
 
-kdt_status kdt_model_host_embeddings(const kdt_model *m, const float **embed, const float **lm_head) {
-    if (!m || !embed || !lm_head) return kdt_fail(KDT_ERR_INVALID_ARG, "host_embeddings: NULL argument");
-    if (m->backend != KDT_BACKEND_CPU || !m->embed || !m->lm_head)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "host_embeddings: the embedding and LM head are host memory on the CPU backend only");
-    *embed = m->embed;
-    *lm_head = m->lm_head;
+kdt_status kdt_model_embeddings(const kdt_model *m, const void **embed, const void **lm_head) {
+    if (!m || !embed || !lm_head) return kdt_fail(KDT_ERR_INVALID_ARG, "embeddings: NULL argument");
+    *embed = m->backend == KDT_BACKEND_CUDA ? m->d_embed : (const void *)m->embed;
+    *lm_head = m->backend == KDT_BACKEND_CUDA ? m->d_lm_head : (const void *)m->lm_head;
+    if (!*embed || !*lm_head) return kdt_fail(KDT_ERR_UNSUPPORTED, "embeddings: the model holds no embedding or LM head");
     return KDT_OK;
 }

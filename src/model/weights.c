@@ -444,7 +444,6 @@ kdt_status kdt_model_load_mtp(const char *dir, kdt_backend backend, kdt_model **
     if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load_mtp: out is NULL");
     *out = NULL;
     if (!dir) return kdt_fail(KDT_ERR_INVALID_ARG, "model_load_mtp: dir is NULL");
-    if (backend != KDT_BACKEND_CPU) return kdt_fail(KDT_ERR_UNSUPPORTED, "model_load_mtp: %s: CPU backend only so far", dir);
     char path[4096];
     kdt_model_config cfg;
     kdt_ckpt_format fmt = {.prefix = ""};
@@ -459,12 +458,16 @@ kdt_status kdt_model_load_mtp(const char *dir, kdt_backend backend, kdt_model **
     cfg.first_k_dense_replace = moe ? 0 : 1;
     cfg.moe_layer_freq = 1;
     kdt_model *m;
-    if ((s = kdt_model_alloc(&m, &cfg, backend, KDT_F32)) != KDT_OK) { kdt_ckpt_format_free(&fmt); return s; }
+    const kdt_dtype dt = backend == KDT_BACKEND_CUDA ? KDT_BF16 : KDT_F32; /* as kdt_model_load */
+    if ((s = kdt_model_alloc(&m, &cfg, backend, dt)) != KDT_OK) { kdt_ckpt_format_free(&fmt); return s; }
     kdt_st *st = NULL;
     s = kdt_st_open_dir(dir, &st);
     const loader ld = {.m = m, .st = st, .dir = dir, .fmt = &fmt, .layer_off = N};
     if (s == KDT_OK) s = load_mtp_top(&ld, N);
     if (s == KDT_OK) s = load_layer(&ld, 0);
+    if (s == KDT_OK && backend == KDT_BACKEND_CUDA) s = kdt_model_upload_mtp(m);
+    if (s == KDT_OK) s = offload(m, -1, m->n_allocs);
+    if (s == KDT_OK) s = offload(m, 0, 0); /* every host copy goes */
     if (s == KDT_OK) s = kdt_model_finish(m);
     kdt_st_close(st);
     kdt_ckpt_format_free(&fmt);

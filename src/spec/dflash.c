@@ -7,7 +7,9 @@
  * turns each new context row into per-layer keys and values once and keeps them per slot.
  * Propose: the block [root, mask, ..., mask] (block_size rows, positions root_pos ..) goes
  * through the layers; its queries see every context key and every block key (no causal mask);
- * rows 1 .. D of the final norm, through the target's LM head, give depth d's logits. */
+ * rows 1 .. D of the final norm, through the target's LM head, give depth d's logits.
+ * On CUDA the same runs on the device (cuda/dflash.cu): observe hands it the kept rows' indices
+ * into the target's device hidden states, propose the roots and context lengths. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +20,11 @@
 
 typedef struct dflash {
     dfl_model *m;
-    const float *embed, *lm_head;   /* the target's, [V, hid] each */
+    const float *embed, *lm_head;   /* the target's, [V, hid] each (backend memory, its dtype on CUDA) */
+    kdt_dtype dt;                   /* the target's */
     kdt_draft_setup set;
+    dfl_dev *dev;                   /* CUDA: the device forward */
+    int32_t *o_rows, *o_slot, *o_pos, *o_root; /* CUDA: observe's and propose's index lists [slots * max_len] */
     float *kc, *vc;                 /* [slots, L, max_len, KV * hd] context keys (normed, roped) and values */
     int32_t *ctx_len;               /* [slots] context rows held */
     /* Scratch for one block of bs rows. */
@@ -133,7 +138,25 @@ static void release(dflash *d) {
     float **bufs[] = {&d->kc, &d->vc, &d->x, &d->h, &d->q, &d->k, &d->v, &d->att, &d->o, &d->g, &d->u, &d->p, &d->logits, &d->ctx};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) { free(*bufs[i]); *bufs[i] = NULL; }
     free(d->ctx_len);
-    d->ctx_len = NULL;
+    free(d->o_rows); free(d->o_slot); free(d->o_pos); free(d->o_root);
+    d->ctx_len = d->o_rows = d->o_slot = d->o_pos = d->o_root = NULL;
+    dfl_dev_free(d->dev);
+    d->dev = NULL;
+}
+
+/* CUDA: the device forward and the host index lists. */
+static kdt_status begin_cuda(dflash *d, const kdt_draft_setup *set) {
+    const size_t n = (size_t)set->slots * set->max_len;
+    d->ctx_len = calloc((size_t)set->slots, sizeof *d->ctx_len);
+    d->o_rows = malloc(n * sizeof(int32_t));
+    d->o_slot = malloc(n * sizeof(int32_t));
+    d->o_pos = malloc(n * sizeof(int32_t));
+    d->o_root = malloc((size_t)set->slots * sizeof(int32_t));
+    kdt_status s = d->ctx_len && d->o_rows && d->o_slot && d->o_pos && d->o_root
+                       ? dfl_dev_create(d->m, NULL, 0, d->embed, d->lm_head, d->dt, set->slots, set->max_len, set->D, &d->dev)
+                       : kdt_fail(KDT_ERR_NOMEM, "dflash drafter: out of memory for %d slots", set->slots);
+    if (s != KDT_OK) release(d);
+    return s;
 }
 
 static kdt_status dflash_begin(void *state, const kdt_draft_setup *set) {
@@ -141,13 +164,12 @@ static kdt_status dflash_begin(void *state, const kdt_draft_setup *set) {
     const dfl_config *c = &d->m->c;
     release(d);
     d->set = *set;
-    if (set->backend != KDT_BACKEND_CPU)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "dflash drafter: CPU backend only so far (the loop runs on %s)", kdt_backend_name(set->backend));
     if (set->D > c->bs - 1)
         return kdt_fail(KDT_ERR_INVALID_ARG, "dflash drafter: depth %d exceeds block_size - 1 = %d", set->D, c->bs - 1);
     if (set->vocab_size != c->V || set->hidden_size != c->hid)
         return kdt_fail(KDT_ERR_INVALID_ARG, "dflash drafter: vocab_size %d / hidden_size %d differ from the target's %d / %d", c->V, c->hid,
                         set->vocab_size, set->hidden_size);
+    if (set->backend == KDT_BACKEND_CUDA) return begin_cuda(d, set);
     const size_t S = (size_t)set->slots, bs = (size_t)c->bs, kv = S * c->L * set->max_len * c->KV * c->hd;
     d->kc = malloc(kv * sizeof(float));
     d->vc = malloc(kv * sizeof(float));
@@ -180,6 +202,11 @@ static kdt_status dflash_propose(void *state, const kdt_draft_ctx *ctx, float *s
         const int32_t slot = ctx->slot[b], pos0 = ctx->hist_len[b] - 1, n = d->ctx_len[slot];
         if (n != pos0)
             return kdt_fail(KDT_ERR_INVALID_ARG, "dflash drafter: request %d has %d context rows for a root at position %d", slot, n, pos0);
+        if (d->dev) { /* the lists for the device; it drafts every request at once */
+            d->o_root[b] = ctx->history[b][pos0];
+            d->o_pos[b] = n;
+            continue;
+        }
         for (int32_t r = 0; r < c->bs; r++) {
             const float *e = d->embed + (int64_t)(r == 0 ? ctx->history[b][pos0] : c->mask) * hid;
             for (int32_t i = 0; i < hid; i++) d->x[(int64_t)r * hid + i] = e[i] * c->emb_scale;
@@ -191,23 +218,30 @@ static kdt_status dflash_propose(void *state, const kdt_draft_ctx *ctx, float *s
             for (int64_t i = 0; i < (int64_t)D * c->V; i++) d->logits[i] *= c->out_mult;
         kdt_spec_topk_host(d->logits, D, c->V, K, scores + (int64_t)b * D * K, tokens + (int64_t)b * D * K, K);
     }
-    return KDT_OK;
+    return d->dev ? dfl_dev_propose(d->dev, ctx->B, ctx->slot, d->o_root, d->o_pos, K, scores, tokens, d->set.stream) : KDT_OK;
 }
 
 static kdt_status dflash_observe(void *state, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb) {
     dflash *d = state;
     const int64_t w = (int64_t)d->m->c.nT * d->m->c.hid;
     if (!fb->hidden) return kdt_fail(KDT_ERR_INVALID_ARG, "dflash drafter: observe without hidden states");
+    int32_t n = 0;
     for (int32_t b = 0; b < ctx->B; b++) {
         const int32_t slot = ctx->slot[b], rows = fb->prefill ? fb->n_rows[b] : fb->accept_len[b] + 1;
         if (fb->prefill) d->ctx_len[slot] = 0;
+        if (d->ctx_len[slot] + rows > d->set.max_len)
+            return kdt_fail(KDT_ERR_INVALID_ARG, "dflash drafter: request %d's context passes max_len %d", slot, d->set.max_len);
         for (int32_t i = 0; i < rows; i++) {
             const int32_t row = fb->row_start[b] + (fb->prefill ? i : fb->accept_index[(int64_t)b * fb->Q + i]);
+            if (d->dev) { /* listed here, run on the device below */
+                d->o_rows[n] = row, d->o_slot[n] = slot, d->o_pos[n++] = d->ctx_len[slot]++;
+                continue;
+            }
             kdt_status s = push_ctx(d, slot, fb->hidden + row * w);
             if (s != KDT_OK) return s;
         }
     }
-    return KDT_OK;
+    return d->dev && n ? dfl_dev_observe(d->dev, n, fb->hidden, d->o_rows, d->o_slot, d->o_pos, d->set.stream) : KDT_OK;
 }
 
 static void dflash_destroy(void *state) {
@@ -225,7 +259,8 @@ kdt_status kdt_drafter_dflash(kdt_model *target, const char *dir, kdt_drafter **
     dflash *d = calloc(1, sizeof *d);
     kdt_drafter *dr = calloc(1, sizeof *dr);
     kdt_status s = !d || !dr ? kdt_fail(KDT_ERR_NOMEM, "dflash drafter: out of memory") : KDT_OK;
-    if (s == KDT_OK) s = kdt_model_host_embeddings(target, &d->embed, &d->lm_head);
+    if (s == KDT_OK) s = kdt_model_embeddings(target, (const void **)&d->embed, (const void **)&d->lm_head);
+    if (s == KDT_OK) d->dt = kdt_model_dtype(target);
     if (s == KDT_OK) s = dfl_model_load(dir, &d->m);
     if (s == KDT_OK && (d->m->c.hid != tc->hidden_size || d->m->c.V != tc->vocab_size))
         s = kdt_fail(KDT_ERR_INVALID_ARG, "dflash drafter: %s has hidden_size %d, vocab_size %d; the target %d, %d", dir, d->m->c.hid,

@@ -27,9 +27,11 @@ kdt_status kdt_spec_topk_cuda(const float *x, int64_t R, int32_t V, int32_t K, f
                               int32_t *top1, void *stream);
 
 /* Stream-ordered copies between host and device memory. D2H returns once the bytes are on the
- * host (it waits for the stream); H2D is queued on the stream (from pageable memory the bytes
- * have been staged when it returns, so the source may be reused). */
-typedef enum kdt_spec_copy_kind { KDT_SPEC_H2D = 0, KDT_SPEC_D2H = 1 } kdt_spec_copy_kind;
+ * host (it waits for the stream); H2D and D2D are queued on the stream (from pageable memory the
+ * bytes have been staged when it returns, so the source may be reused). */
+typedef enum kdt_spec_copy_kind { KDT_SPEC_H2D = 0, KDT_SPEC_D2H = 1, KDT_SPEC_D2D = 2 } kdt_spec_copy_kind;
+/* y [n, W] = rows rows[i] (device [n]) of x [*, W], all device memory, queued on stream. */
+kdt_status kdt_spec_gather_cuda(const float *x, int64_t W, const int32_t *rows, int32_t n, float *y, void *stream);
 kdt_status kdt_spec_copy(void *dst, const void *src, size_t nbytes, kdt_spec_copy_kind kind, void *stream);
 kdt_status kdt_spec_stream_sync(void *stream);
 

@@ -1,5 +1,6 @@
 /* The loop's CUDA helpers in a CPU-only build (KDT_CUDA=0): a clear error. */
 #include "common/device.h"
+#include "spec/dflash.h"
 #include "spec/internal.h"
 
 #if !KDT_HAVE_CUDA
@@ -17,8 +18,29 @@ kdt_status kdt_spec_copy(void *dst, const void *src, size_t nbytes, kdt_spec_cop
     (void)dst; (void)src; (void)nbytes; (void)kind; (void)stream;
     return kdt_no_cuda("speculative loop: device copy");
 }
+kdt_status kdt_spec_gather_cuda(const float *x, int64_t W, const int32_t *rows, int32_t n, float *y, void *stream) {
+    (void)x; (void)W; (void)rows; (void)n; (void)y; (void)stream;
+    return kdt_no_cuda("speculative loop: gather");
+}
 kdt_status kdt_spec_stream_sync(void *stream) {
     (void)stream;
     return kdt_no_cuda("speculative loop: stream synchronize");
+}
+kdt_status dfl_dev_create(const dfl_model *m, const dfl_config *c, uint64_t seed, const void *embed, const void *lm_head,
+                          kdt_dtype dt, int32_t slots, int32_t max_len, int32_t D, dfl_dev **out) {
+    (void)m; (void)c; (void)seed; (void)embed; (void)lm_head; (void)dt; (void)slots; (void)max_len; (void)D;
+    *out = NULL;
+    return kdt_no_cuda("dflash drafter");
+}
+void dfl_dev_free(dfl_dev *g) { (void)g; }
+kdt_status dfl_dev_observe(dfl_dev *g, int32_t n, const float *hidden, const int32_t *rows, const int32_t *slot,
+                           const int32_t *pos, void *stream) {
+    (void)g; (void)n; (void)hidden; (void)rows; (void)slot; (void)pos; (void)stream;
+    return kdt_no_cuda("dflash drafter");
+}
+kdt_status dfl_dev_propose(dfl_dev *g, int32_t B, const int32_t *slot, const int32_t *root, const int32_t *n_ctx, int32_t K,
+                           float *scores, int32_t *tokens, void *stream) {
+    (void)g; (void)B; (void)slot; (void)root; (void)n_ctx; (void)K; (void)scores; (void)tokens; (void)stream;
+    return kdt_no_cuda("dflash drafter");
 }
 #endif

@@ -152,6 +152,7 @@ struct Bufs {
     /* scratch */
     float *x, *hf, *cs, *sn, *a_out, *q, *lse, *gu, *ye, *rlog, *gw, *logits, *lt;
     void *hn, *qa, *qn, *qabs, *olat, *ov, *act, *xe;
+    void *cat;                   /* MTP model: [R, 2 * hidden] (dt), eh_proj's input */
     int32_t *gi, *counts, *offs, *perm, *posa;
 };
 
@@ -159,6 +160,7 @@ struct Dims {
     int64_t R, RL;               /* rows; logit rows (R or B) */
     int32_t B, hid, H, nope, rope, half, qk, Dv, Dqk, vd, ql, qw, Wa, E, K, V, MB;
     size_t es;                   /* bytes per activation */
+    int mtp;                     /* an MTP model (kdt_model_load_mtp): rows start from eh_proj */
     kdt_dtype dt;
     cudaDataType ct;             /* the same as a cuBLAS type */
 };
@@ -188,6 +190,7 @@ Dims dims_of(const kdt_model *m, const kdt_cache *c, const kdt_batch *bt, int64_
     d.dt = m->dtype;
     d.es = kdt_dtype_size(m->dtype);
     d.ct = m->dtype == KDT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    d.mtp = m->d_mtp_eh != nullptr;
     return d;
 }
 
@@ -236,6 +239,7 @@ void layout_scratch(Bump &b, Bufs &u, const Dims &d, const kdt_model_config *f) 
     b.take(&u.logits, (size_t)d.RL * d.V * 4);
     size_t lt = gu > R * d.hid ? gu : R * d.hid; /* kdt_lin_ctx.tmp: any quantized product's [M, N] */
     b.take(&u.lt, (lt > R * d.Wa ? lt : R * d.Wa) * 4);
+    b.take(&u.cat, d.mtp ? R * 2 * d.hid * es : 0);
 }
 
 /* The model's cuBLAS handle and scratch, made by its first forward. */
@@ -331,6 +335,7 @@ struct Fwd {
     bool fused;                  /* KDT_MODEL_FUSED: route.cu's one-launch router where it fits */
     bool all;                    /* logits of every row (else of each request's last row) */
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
+    const float *mtp_h;          /* an MTP model's mtp_hidden [R, hidden] (device) */
 };
 
 /* Whether a product of M rows with W [N, K] (in the model's dtype, one part) runs moe.cu's
@@ -522,6 +527,13 @@ kdt_status compute(Fwd &f) {
     f.lc = kdt_lin_ctx{f.x->blas, f.s, d.dt, m->d_deq, u.lt};
     TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, u.tokens, d.R, d.hid, f.s));
     TRY(kdt_mk_rope_table(u.cs, u.sn, u.pos, m->d_inv_freq, d.R, d.half, (float)cf->rope_attention_factor, f.s));
+    if (d.mtp) { /* x = eh_proj([enorm(embed); hnorm(h)]) */
+        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_mtp_enorm, cf->rms_norm_eps, nullptr, 0, u.cat, 2 * d.hid, d.dt, f.s));
+        TRY(kdt_mk_rmsnorm(f.mtp_h, d.hid, nullptr, d.R, d.hid, m->d_mtp_hnorm, cf->rms_norm_eps, nullptr, 0,
+                           (char *)u.cat + (size_t)d.hid * d.es, 2 * d.hid, d.dt, f.s));
+        TRY(kdt_lin_gemm(f.x->blas, d.R, d.hid, 2 * d.hid, m->d_mtp_eh, d.ct, 2 * d.hid, u.cat, d.ct, 2 * d.hid, u.x, CUDA_R_32F, d.hid, 0.0f));
+    }
+    const int32_t nh = m->n_hid_layers;
     for (int32_t l = 0; l < cf->num_hidden_layers; l++) {
         const kdt_layer_dw *L = &m->dlayers[l];
         TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->attn_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt, f.s));
@@ -529,9 +541,13 @@ kdt_status compute(Fwd &f) {
         TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, L->is_moe ? u.hf : nullptr, d.hid,
                            u.hn, d.hid, d.dt, f.s));
         TRY(L->is_moe ? moe(f, l) : mlp(f, &L->dense));
+        for (int32_t i = 0; f.hid_out && i < nh; i++) /* the drafter's layers: hidden [R, nh * hidden] */
+            if (m->hid_layers[i] == l)
+                KDT_CUDA_CHECK(cudaMemcpy2DAsync(f.hid_out + (size_t)i * d.hid, (size_t)nh * d.hid * 4, u.x, (size_t)d.hid * 4,
+                                                 (size_t)d.hid * 4, (size_t)d.R, cudaMemcpyDeviceToDevice, f.s));
     }
-    if (f.hid_out || (f.log_out && f.all))
-        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, f.hid_out, d.hid,
+    if ((f.hid_out && !nh) || (f.log_out && f.all))
+        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, nh ? nullptr : f.hid_out, d.hid,
                            f.log_out && f.all ? u.hn : nullptr, d.hid, d.dt, f.s));
     if (f.log_out && !f.all)
         TRY(kdt_mk_rmsnorm(u.x, d.hid, u.last, d.RL, d.hid, m->d_final_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt,
@@ -551,7 +567,7 @@ kdt_status compute_on(void *arg, cudaStream_t s) {
  * key. $KDT_VA_SM90 picks verify_attn's kernel when a call is queued, so it is part of it. */
 int64_t *graph_key(const Fwd &f, int32_t *n_key) {
     const Plan &p = *f.plan;
-    const int32_t L = f.m->cfg.num_hidden_layers, n = 17 + 5 * p.n_calls + L;
+    const int32_t L = f.m->cfg.num_hidden_layers, n = 19 + 5 * p.n_calls + L + f.m->n_hid_layers;
     const char *va = getenv("KDT_VA_SM90");
     int64_t *k = (int64_t *)malloc((size_t)n * sizeof *k);
     if (!k) return nullptr;
@@ -582,6 +598,9 @@ int64_t *graph_key(const Fwd &f, int32_t *n_key) {
         k[i++] = cl.mask_off;
     }
     for (int32_t l = 0; l < L; l++) k[i++] = (int64_t)(uintptr_t)f.c->dpool[l];
+    k[i++] = (int64_t)(uintptr_t)f.mtp_h;
+    k[i++] = f.m->n_hid_layers;
+    for (int32_t l = 0; l < f.m->n_hid_layers; l++) k[i++] = f.m->hid_layers[l];
     *n_key = i;
     return k;
 }
@@ -609,6 +628,11 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
     f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;
+    f.mtp_h = bt->mtp_hidden;
+    if (hidden && m->n_hid_layers && f.hid_out != hidden)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: intermediate layers' hidden states go to device memory on CUDA");
+    if (f.d.mtp && !on_device(bt->mtp_hidden))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "forward: an MTP model's mtp_hidden must be device memory on CUDA");
     /* Prefill-sized forwards on the device MoE (few_macs) run directly: their shapes follow the
      * prompts, and a graph per prompt length would pile up. */
     if ((m->flags & KDT_MODEL_GRAPHS) && ((f.moe_small && few_rows) || !has_moe(m))) {

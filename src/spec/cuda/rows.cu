@@ -140,12 +140,28 @@ extern "C" kdt_status kdt_spec_topk_cuda(const float *x, int64_t R, int32_t V, i
 extern "C" kdt_status kdt_spec_copy(void *dst, const void *src, size_t nbytes, kdt_spec_copy_kind kind, void *stream) {
     if (nbytes == 0) return KDT_OK;
     cudaStream_t st = (cudaStream_t)stream;
-    if (kind == KDT_SPEC_H2D) {
-        KDT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, st));
+    if (kind != KDT_SPEC_D2H) {
+        KDT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind == KDT_SPEC_H2D ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, st));
         return KDT_OK;
     }
     KDT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, st));
     KDT_CUDA_CHECK(cudaStreamSynchronize(st));
+    return KDT_OK;
+}
+
+namespace {
+__global__ void gather(const float *x, int64_t W, const int32_t *rows, float *y) {
+    const int64_t i = blockIdx.y;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < W; j += (int64_t)gridDim.x * blockDim.x)
+        y[i * W + j] = x[rows[i] * W + j];
+}
+} // namespace
+
+extern "C" kdt_status kdt_spec_gather_cuda(const float *x, int64_t W, const int32_t *rows, int32_t n, float *y, void *stream) {
+    if (n <= 0) return KDT_OK;
+    const int64_t bx = (W + kThreads - 1) / kThreads;
+    gather<<<dim3((unsigned)(bx < 64 ? bx : 64), (unsigned)n), kThreads, 0, (cudaStream_t)stream>>>(x, W, rows, y);
+    KDT_CUDA_CHECK_LAUNCH("spec gather");
     return KDT_OK;
 }
 
