@@ -15,7 +15,7 @@ summary=()
 note() { summary+=("$*"); echo "## $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
 DEADLINE=${DEADLINE:-560}  # seconds: the device tool stops a command at 600

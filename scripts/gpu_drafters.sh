@@ -23,7 +23,7 @@ DEADLINE=${DEADLINE:-560}  # seconds: the device tool stops a command at 600
 WORK=$(mktemp -d)          # per-process outputs; only a few files go to $OUT (it returns at most 8)
 mkdir -p "$OUT"
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 for f in "$MODEL/config.json" "$DRAFT/config.json" "$MODEL/heldout_prompts.ids"; do
     [ -f "$f" ] || { echo "gpu_drafters: $f is missing (scripts/gpu_train_small.sh makes the models)"; exit 1; }

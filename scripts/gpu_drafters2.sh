@@ -29,7 +29,7 @@ MTP=${MTP:-models/kdt-small-mtp}
 LIMITS=${LIMITS:-8,32,64}
 NEW=${NEW:-48}
 npass=0 nfail=0 nskip=0
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
 source scripts/gpu_steps.sh  # say, step, test_counts

@@ -28,7 +28,7 @@ JOBS=${JOBS:-16}
 MODEL=models/kdt-small
 NEW=11 OLD=3  # flags: this branch's default, main's default
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
 npass=0 nfail=0 nskip=0

@@ -24,7 +24,7 @@ gen() {  # gen NAME ARGS...: kdt generate, stdout to $LOGS/NAME.out, stderr to $
     timeout 60 "$BUILD/kdt" generate "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.log"
 }
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$LOGS/info.log" 2>&1
 NCCL=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)

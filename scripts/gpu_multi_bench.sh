@@ -16,7 +16,7 @@ BUILD=${BUILD:-build}
 DEADLINE=${DEADLINE:-560}
 source scripts/gpu_multi_steps.sh
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 note "gpus: $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"

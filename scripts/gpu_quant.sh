@@ -26,7 +26,7 @@ step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LO
     return $rc
 }
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$LOGS/info.log" 2>&1
 note "gpu: $(head -1 "$LOGS/info.log")"

@@ -16,7 +16,7 @@ export KDT_TEST_DATA="$BUILD/data"
 summary=()
 note() { summary+=("$*"); echo "## $*"; }
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
 step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log

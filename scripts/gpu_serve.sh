@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 if has build; then
     timeout 400 make -j16 "${MAKEVARS[@]}" "$BUILD/kdt" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 # the same (still warm) machine: build outputs stay between calls. PREBUILD=0 skips it.
 build_pid=
 if [ "${PREBUILD:-1}" = 1 ] && command -v nvcc >/dev/null; then
-    MAKEVARS=(BUILD="${BUILD:-build}" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+    MAKEVARS=(BUILD="${BUILD:-build}" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
     source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
     setsid nice -n 19 make -j6 "${MAKEVARS[@]}" "${BUILD:-build}/bench/bench_drafters" >/tmp/kdt_prebuild.log 2>&1 &
     build_pid=$!
