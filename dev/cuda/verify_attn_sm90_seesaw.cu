@@ -3,17 +3,18 @@
  * (docs/perf/verify_attn_sm90.md, "Seesaw design": budgets, the prediction). It reuses the
  * library's tiles, softmax, epilogue, split walk and combine (src/cuda/sm90/), checks its output
  * against the library's shipped TMA kernel on the issue's 7 shapes and on tree masks of other
- * shapes (same split, o NaN-poisoned first, cache rows past kv_len NaN), then times both with CUDA
- * events (median, L2 flushed before each run). The arithmetic is the shipped kernel's in the same
- * order, so the outputs are expected to match bit for bit.
+ * shapes (same split, o NaN-poisoned first, cache rows past kv_len NaN), and on the small cases
+ * against the library's CPU reference too (test_verify_attn_fast's tolerances: o rel L2 1e-2, lse
+ * 1e-3), then times both with CUDA events (median, L2 flushed before each run). The arithmetic is
+ * the shipped kernel's in the same order, so the outputs are expected to match it bit for bit.
  *
  *   make dev                                   (builds $(BUILD)/dev/verify_attn_sm90_seesaw)
  *   nvcc -O3 -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 --expt-relaxed-constexpr \
  *        -gencode arch=compute_90a,code=sm_90a dev/cuda/verify_attn_sm90_seesaw.cu build/libkdt.a \
  *        -lcublas -lcjson -o build/dev/verify_attn_sm90_seesaw
- *   build/dev/verify_attn_sm90_seesaw [--reps N] [--check-only] [--shape I] [--parts P]
+ *   build/dev/verify_attn_sm90_seesaw [--reps N] [--check-only | --no-check] [--shape I] [--parts P]
  *
- * Prints one line per check case ("ok" / "MISMATCH", max |d|, differing elements, NaN) and one
+ * --shape I: the I-th issue shape alone (0-based); --parts P: force P parts on both kernels. Prints one line per check case ("ok" / "MISMATCH", max |d|, differing elements, NaN) and one
  * per timed shape (shipped us, seesaw us, ratio); exits 1 on any mismatch.
  *
  * Schedule (per key tile k of a segment; the shipped kernel's building blocks otherwise):
@@ -37,6 +38,7 @@
 
 #include "../../bench/bench_common.h" /* CK, KCK, bench_splitmix64, bench_mix64, bench_flushed_us */
 #include "cuda/sm90/verify_attn_sm90.h"
+#include "kdt/ops.h"
 #include "cuda/sm90/verify_attn_sm90_tile.cuh"
 
 using namespace kdt_va_sm90;
@@ -384,7 +386,58 @@ float bf2f(uint16_t h) {
     return f;
 }
 
-/* Both kernels with the same split into NaN-poisoned outputs; prints one line; 1 when they agree. */
+/* The library's CPU reference (double accumulation) on host copies of run r's inputs: o (bf16
+ * bits) and lse of every row. Only for small cases: it is O(B Q H kv_len 1088) on one core. */
+void cpu_reference(const Case &c, const Run &r, uint16_t *o, float *lse) {
+    const kdt_verify_attn_params &d = r.p;
+    const size_t q_bytes = (size_t)c.B * c.Q * c.H * kDqk * 2, kv_bytes = (size_t)d.NB * d.BS * kDqk * 2;
+    void *q = malloc(q_bytes), *kv = malloc(kv_bytes);
+    int32_t *bt = (int32_t *)malloc(sizeof(int32_t) * (size_t)d.NB), *len = (int32_t *)malloc(sizeof(int32_t) * (size_t)c.B);
+    uint8_t *mask = (uint8_t *)malloc((size_t)c.B * c.Q * c.Q);
+    CK(cudaMemcpy(q, d.q, q_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(kv, d.kv_cache, kv_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(bt, d.block_table, sizeof(int32_t) * (size_t)d.NB, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(len, d.kv_len, sizeof(int32_t) * (size_t)c.B, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(mask, d.tree_mask, (size_t)c.B * c.Q * c.Q, cudaMemcpyDeviceToHost));
+    kdt_verify_attn_params h = d;
+    h.q = q, h.kv_cache = kv, h.block_table = bt, h.kv_len = len, h.tree_mask = mask, h.o = o, h.lse = lse;
+    KCK(kdt_verify_attn(&h, KDT_BACKEND_CPU, NULL));
+    free(q), free(kv), free(bt), free(len), free(mask);
+}
+
+/* Distance of bf16 output a to reference b (n elements): rel L2, max |d|, differing, NaN in either. */
+struct Diff {
+    double rel, max_abs;
+    size_t differ, nan;
+};
+Diff diff_bf16(const uint16_t *a, const uint16_t *b, size_t n) {
+    Diff d = {0, 0, 0, 0};
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float fa = bf2f(a[i]), fb = bf2f(b[i]);
+        if (isnan(fa) || isnan(fb)) {
+            d.nan++;
+            continue;
+        }
+        d.differ += a[i] != b[i];
+        num += ((double)fa - fb) * ((double)fa - fb), den += (double)fb * fb;
+        d.max_abs = fmax(d.max_abs, fabs((double)fa - fb));
+    }
+    d.rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    return d;
+}
+/* Max |a - b| over n lse values; both -inf counts as equal; NaN in either adds to *nan. */
+double diff_lse(const float *a, const float *b, size_t n, size_t *nan) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i])) (*nan)++;
+        else if (!(isinf(a[i]) && a[i] == b[i])) m = fmax(m, fabs((double)a[i] - b[i]));
+    }
+    return m;
+}
+
+/* Both kernels with the same split into NaN-poisoned outputs, and for small cases the CPU
+ * reference; prints one line; 1 when the seesaw output agrees with both. */
 int check(const Case &c, const char *what, int parts_req) {
     Run r;
     make_case(c, &r);
@@ -407,28 +460,28 @@ int check(const Case &c, const char *what, int parts_req) {
     CK(cudaMemcpy(hb, r.o2, on * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(la, r.p.lse, rows * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(lb, r.lse2, rows * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0, max_abs = 0, lse_d = 0;
-    size_t differ = 0, nan = 0;
-    for (size_t i = 0; i < on; i++) {
-        const float fa = bf2f(ha[i]), fb = bf2f(hb[i]);
-        if (isnan(fa) || isnan(fb)) {
-            nan++;
-            continue;
-        }
-        differ += ha[i] != hb[i];
-        num += ((double)fb - fa) * ((double)fb - fa), den += (double)fa * fa;
-        max_abs = fmax(max_abs, fabs((double)fb - fa));
+    Diff d = diff_bf16(hb, ha, on);
+    size_t lse_nan = 0;
+    const double lse_d = diff_lse(lb, la, rows, &lse_nan);
+    int ok = d.nan == 0 && lse_nan == 0 && d.rel <= 1e-3 && lse_d <= 1e-4;
+    char ref_s[160] = "";
+    if ((double)c.B * c.Q * c.H * (c.prefix + c.Q) <= 2.5e6) { /* the CPU reference: the test's tolerances */
+        uint16_t *hr = (uint16_t *)malloc(on * 2);
+        float *lr = (float *)malloc(rows * 4);
+        cpu_reference(c, r, hr, lr);
+        const Diff dr = diff_bf16(hb, hr, on);
+        size_t rn = 0;
+        const double rl = diff_lse(lb, lr, rows, &rn);
+        const Diff ds = diff_bf16(ha, hr, on); /* the shipped kernel's, for scale */
+        ok = ok && dr.nan == 0 && rn == 0 && dr.rel <= 1e-2 && rl <= 1e-3;
+        snprintf(ref_s, sizeof ref_s, "; vs CPU reference: rel_l2 %.2e (shipped %.2e), lse max|d| %.2e, NaN %zu", dr.rel, ds.rel, rl,
+                 dr.nan + rn);
+        free(hr), free(lr);
     }
-    for (size_t i = 0; i < rows; i++) {
-        if (isnan(la[i]) || isnan(lb[i])) nan++;
-        else if (!(isinf(la[i]) && la[i] == lb[i])) lse_d = fmax(lse_d, fabs((double)lb[i] - la[i]));
-    }
-    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    const int ok = nan == 0 && rel <= 1e-3 && lse_d <= 1e-4;
-    printf("%s  seesaw check %s B=%d H=%d Q=%d prefix=%d BS=%d tree=%d ragged=%d parts=%d: rel_l2 %.2e max|d| %.3g "
-           "differing %zu of %zu, lse max|d| %.2e, NaN %zu%s\n",
-           ok ? "PASS" : "FAIL", what, c.B, c.H, c.Q, c.prefix, c.BS, c.tree, c.ragged, info.parts, rel, max_abs, differ, on, lse_d,
-           nan, differ == 0 ? " (bit-identical)" : "");
+    printf("%s  seesaw check %s B=%d H=%d Q=%d prefix=%d BS=%d tree=%d ragged=%d parts=%d: vs shipped: rel_l2 %.2e max|d| %.3g "
+           "differing %zu of %zu, lse max|d| %.2e, NaN %zu%s%s\n",
+           ok ? "PASS" : "FAIL", what, c.B, c.H, c.Q, c.prefix, c.BS, c.tree, c.ragged, info.parts, d.rel, d.max_abs, d.differ, on,
+           lse_d, d.nan + lse_nan, d.differ == 0 && d.nan == 0 ? " (bit-identical)" : "", ref_s);
     free(ha), free(hb), free(la), free(lb);
     free_case(&r);
     return ok;
@@ -443,14 +496,15 @@ constexpr int kNumIssue = (int)(sizeof kIssue / sizeof *kIssue);
 } // namespace
 
 int main(int argc, char **argv) {
-    int reps = 30, check_only = 0, only = -1, parts_force = 0;
+    int reps = 30, check_only = 0, no_check = 0, only = -1, parts_force = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--check-only")) check_only = 1;
+        else if (!strcmp(argv[i], "--no-check")) no_check = 1;
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--parts") && i + 1 < argc) parts_force = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--check-only] [--shape I] [--parts P]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--check-only | --no-check] [--shape I] [--parts P]\n", argv[0]);
             return 2;
         }
     }
@@ -465,18 +519,18 @@ int main(int argc, char **argv) {
 
     /* Correctness: the issue's shapes with the scheduler's split, then masks, ragged lengths, block
      * sizes 16 and 32 and forced splits (1: one segment per request; 3 and 7: requests cut across parts). */
-    int fails = 0;
-    for (int i = 0; i < kNumIssue; i++)
-        if (only < 0 || only == i) fails += !check(kIssue[i], "issue", parts_force);
-    if (only < 0) {
+    int fails = 0, cases = 0;
+    for (int i = 0; i < kNumIssue && !no_check; i++)
+        if (only < 0 || only == i) fails += !check(kIssue[i], "issue", parts_force), cases++;
+    if (only < 0 && !no_check) {
         const Case extra[] = {
             {4, 16, 33, 1000, 64, 1, 1}, {4, 16, 33, 1000, 64, 2, 1}, {3, 64, 17, 130, 64, 0, 1}, {2, 16, 17, 300, 16, 0, 1},
             {2, 16, 17, 300, 32, 1, 1},  {1, 64, 5, 0, 64, 0, 0},     {5, 8, 9, 64, 64, 2, 1},    {1, 128, 64, 700, 64, 0, 0},
         };
-        for (const Case &c : extra) fails += !check(c, "mask", parts_force);
-        for (int pf : {1, 3, 7}) fails += !check(Case{6, 16, 17, 2000, 64, 0, 1}, "split", pf);
+        for (const Case &c : extra) fails += !check(c, "mask", parts_force), cases++;
+        for (int pf : {1, 3, 7}) fails += !check(Case{6, 16, 17, 2000, 64, 0, 1}, "split", pf), cases++;
     }
-    printf("%s  seesaw checks: %d failed\n", fails ? "FAIL" : "PASS", fails);
+    if (!no_check) printf("%s  seesaw: %d of %d cases failed\n", fails ? "FAIL" : "PASS", fails, cases);
     if (check_only) return fails ? 1 : 0;
 
     /* Timing: the whole call of each (main kernel + combine), the shipped kernel's split for both. */
