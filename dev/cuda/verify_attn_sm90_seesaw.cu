@@ -11,16 +11,18 @@
  *   make dev                                   (builds $(BUILD)/dev/verify_attn_sm90_seesaw)
  *   nvcc -O3 -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 --expt-relaxed-constexpr \
  *        -gencode arch=compute_90a,code=sm_90a dev/cuda/verify_attn_sm90_seesaw.cu build/libkdt.a \
- *        -lcublas -lcjson -o build/dev/verify_attn_sm90_seesaw
+ *        -lcjson -lpcre2-8 -o build/dev/verify_attn_sm90_seesaw
  *   build/dev/verify_attn_sm90_seesaw [--reps N] [--check-only | --no-check] [--shape I] [--parts P]
  *
- * --shape I: the I-th issue shape alone (0-based); --parts P: force P parts on both kernels. Prints one line per check case ("ok" / "MISMATCH", max |d|, differing elements, NaN) and one
- * per timed shape (shipped us, seesaw us, ratio); exits 1 on any mismatch.
+ * --shape I: the I-th issue shape alone (0-based); --parts P: force P parts on both kernels.
+ * Prints a PASS / FAIL line per check case (rel L2, max |d|, differing elements, NaN; "bit-identical"
+ * when no element differs), a summary line, then a table row per timed shape (shipped us, seesaw
+ * us, ratio); exits 1 on any failed case.
  *
  * Schedule (per key tile k of a segment; the shipped kernel's building blocks otherwise):
  *   warpgroup 0: S(k) done -> arrive "S done" -> softmax(k), O_left *= alpha(k) -> (P slot free)
- *                -> P(k), alpha(k) to shared memory -> arrive "P ready" -> issue O_left += P(k) V(k) (P from shared memory)
- *                -> issue S(k + 1) blocks 0..3 -> wait for O_left's product: TMA of tile k + 2's
+ *                -> P(k), alpha(k) to shared memory -> arrive "P ready" -> issue O_left += P(k) V(k)
+ *                (P from shared memory) -> issue S(k + 1) blocks 0..3 -> wait for O_left's product: TMA of tile k + 2's
  *                blocks 0..3 and 8 into tile k's buffer -> issue S(k + 1) blocks 4..8 -> wait.
  *   warpgroup 1: (tile k landed; the request's last tile: zero V past kv_len) -> wait "S done"
  *                -> arrive "P slot free" -> O_right *= alpha(k - 1); issue O_right += P(k - 1) V(k - 1)
