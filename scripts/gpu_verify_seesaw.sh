@@ -48,7 +48,7 @@ fi
 # 2. the seesaw kernel against the shipped one, then the A/B
 ss_ok=0
 if [ -x "$SS" ]; then
-    step seesaw_check 60 "$SS" --check-only && ss_ok=1
+    step seesaw_check 90 "$SS" --check-only && ss_ok=1
     grep -E '^FAIL' "$LOGS/seesaw_check.log" | head -10
     note "seesaw check: $(grep -c '^PASS  seesaw check' "$LOGS/seesaw_check.log") cases passed ($(grep -c 'bit-identical' "$LOGS/seesaw_check.log") bit-identical), $(grep -c '^FAIL  seesaw check' "$LOGS/seesaw_check.log") failed"
     if [ "$ss_ok" = 1 ] || grep -q '^PASS  seesaw check' "$LOGS/seesaw_check.log"; then
