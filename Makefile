@@ -128,11 +128,11 @@ endif
 
 $(BUILD)/obj/dev/cuda/%.o: dev/cuda/%.cu $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) $(SM90_ARCH) -c $< -o $@
+	$(NVCC) $(KDT_NVCCFLAGS) $(CPPFLAGS) $(NVCCFLAGS) $(SM90_ARCH) -c $< -o $@
 
 $(BUILD)/dev/%: $(BUILD)/obj/dev/cuda/%.o $(BUILD)/libkdt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(KDT_LDLIBS) $(LDLIBS)
 
 # libFuzzer + ASan/UBSan build of the KDTR reader (clang from Debian's packages).
 fuzz:

@@ -175,4 +175,38 @@ static inline float bench_time_launches(bench_launch_fn fn, void *ctx, cudaStrea
     return bench_median(t, batches);
 }
 
+#ifdef __cplusplus
+/* Median time (us) of reps runs of fn() on the default stream, each timed with CUDA events after
+ * the L2 is flushed (a 256 MB memset, allocated on first use and kept). */
+template <typename F>
+static inline double bench_flushed_us(F fn, int reps) {
+    static void *flush = NULL;
+    const size_t flush_bytes = (size_t)256 << 20;
+    if (!flush) CK(cudaMalloc(&flush, flush_bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double *t = (double *)malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));
+    for (int r = 0; r < reps; r++) {
+        CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes, 0));
+        CK(cudaEventRecord(e0, 0));
+        fn();
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t[r] = ms * 1e3;
+        for (int j = r; j > 0 && t[j] < t[j - 1]; j--) { /* insertion sort as they come */
+            const double x = t[j];
+            t[j] = t[j - 1], t[j - 1] = x;
+        }
+    }
+    const double med = reps > 0 ? t[reps / 2] : 0.0;
+    free(t);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return med;
+}
+#endif
+
 #endif /* __CUDACC__ */

@@ -3,7 +3,7 @@
  *
  *   build/bench/bench_verify_attn [--reps 50] [--out docs/perf/verify_attn_sm90_results.md]
  *                                 [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I]
- *                                 [--kernels 1,2]
+ *                                 [--kernels 1,2] [--parts 1,2,4,...]
  *
  * Inputs: bf16, paged cache of block size 64 with a shuffled block table, kv_len = prefix + Q,
  * tree mask from random trees, sm_scale 0.13086. Each time is the median of --reps runs timed
@@ -11,7 +11,9 @@
  * times of the listed kernels (verify_attn_sm90.h: 1 TMA, the default and the table's main column;
  * 2 cp.async, the fallback for block sizes TMA cannot describe; 2 is always run) with the
  * scheduler's split; the general CUDA kernel (kdt_verify_attn_cuda with $KDT_VA_SM90=0; fewer
- * runs); a sweep of forced split counts of the TMA kernel; and a cross-check (not the test): one
+ * runs); a sweep of forced split counts of the TMA kernel (--parts sets the list; the chosen count and
+ * its neighbours within 2 are always in it; each with its GB/s: the 8-head shapes are
+ * bandwidth-bound); and a cross-check (not the test): one
  * more run of each kernel into a NaN-poisoned o, compared with the cp.async kernel's (relative L2,
  * max |d|, elements that differ, NaN; the two accumulate in the same order and match bit for bit).
  * dev/cuda/ holds the experiments that are not in the library (ping-pong schedule).
@@ -244,6 +246,7 @@ double torch_us(const char *csv, const Shape &s) { /* bench/torch_sdpa_verify.py
 
 int main(int argc, char **argv) {
     int reps = 50, fallback = 1, sweep = 1, only = -1;
+    int cand[64] = {1, 2, 3, 4, 6, 8, 12, 16, 20, 26, 33, 44, 66, 132}, ncand = 14; /* forced split counts */
     const int vref = KDT_VA_SM90_CP_ASYNC, vdef = KDT_VA_SM90_TMA; /* the cross-check's reference; the main column */
     int vlist[2] = {vdef, vref}, nvl = 2;                             /* kernels timed */
     const char *out = NULL, *csv = NULL, *torch_csv = NULL;
@@ -255,14 +258,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--no-fallback")) fallback = 0;
         else if (!strcmp(argv[a], "--no-sweep")) sweep = 0;
         else if (!strcmp(argv[a], "--shape") && a + 1 < argc) only = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--kernels") && a + 1 < argc) {
+        else if (!strcmp(argv[a], "--parts") && a + 1 < argc) {
+            ncand = 0;
+            for (char *t = strtok(argv[++a], ","); t && ncand < 48; t = strtok(NULL, ","))
+                if (atoi(t) >= 1) cand[ncand++] = atoi(t);
+        } else if (!strcmp(argv[a], "--kernels") && a + 1 < argc) {
             nvl = 0;
             for (char *t = strtok(argv[++a], ","); t && nvl < 2; t = strtok(NULL, ","))
                 if (atoi(t) >= KDT_VA_SM90_TMA && atoi(t) <= KDT_VA_SM90_CP_ASYNC) vlist[nvl++] = atoi(t);
         }
         else {
             fprintf(stderr, "usage: %s [--reps N] [--out FILE.md] [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I] "
-                            "[--kernels 1,2]\n",
+                            "[--kernels 1,2] [--parts 1,2,4,...]\n",
                     argv[0]);
             return 2;
         }
@@ -308,6 +315,9 @@ int main(int argc, char **argv) {
     ROW("\n|---|---|---|---|---|---|---|---|---|---|");
     for (int k = 0; k < nvl; k++) ROW("---|%s", vlist[k] != vref ? "---|" : "");
     ROW("---|---|---|\n");
+    char sweep_tab[8192] = "| B, H, Q, prefix | chosen parts | us | GB/s | % copy | best forced parts | us | GB/s | chosen / best |\n"
+                           "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    size_t sl = strlen(sweep_tab);
     FILE *fc = csv ? fopen(csv, "w") : NULL;
     if (csv && !fc) fprintf(stderr, "cannot write %s\n", csv);
     if (fc) {
@@ -361,15 +371,27 @@ int main(int argc, char **argv) {
         int best_p = id.parts;
         double best_t = tm;
         if (sweep) {
-            printf("  forced parts (%s):", kKernelNames[vdef]);
-            const int cand[] = {1, 2, 3, 4, 6, 8, 12, 16, 20, 26, 33, 44, 66, 132};
-            for (int p : cand) {
-                if (p * id.m_tiles > 4 * prop.multiProcessorCount && p > 1) break;
+            printf("  forced parts (%s), us (GB/s):", kKernelNames[vdef]);
+            int list[64], nl = 0; /* the candidates, the chosen count's neighbours, sorted, unique */
+            for (int k = 0; k < ncand; k++) list[nl++] = cand[k];
+            for (int d = -2; d <= 2; d++)
+                if (id.parts + d >= 1) list[nl++] = id.parts + d;
+            for (int i = 1; i < nl; i++)
+                for (int j = i; j > 0 && list[j] < list[j - 1]; j--) {
+                    const int x = list[j];
+                    list[j] = list[j - 1], list[j - 1] = x;
+                }
+            for (int k = 0; k < nl; k++) {
+                const int p = list[k];
+                if ((k > 0 && p == list[k - 1]) || (p > 1 && p * id.m_tiles > 4 * prop.multiProcessorCount)) continue;
                 const double tp = run_sm90(bn, in, vdef, p, reps < 10 ? reps : 10, NULL);
-                printf(" %d:%.1f", p, tp);
+                printf(" %d:%.1f (%.0f)", p, tp, bytes / tp / 1e3);
                 if (tp < best_t) best_t = tp, best_p = p;
             }
             printf("  (chosen %d)\n", id.parts);
+            sl += (size_t)snprintf(sweep_tab + sl, sizeof sweep_tab - sl, "| %d, %d, %d, %d | %d | %.1f | %.0f | %.0f%% | %d | %.1f | %.0f | %.3f |\n",
+                                   s.B, s.H, s.Q, s.prefix, id.parts, tm, bytes / tm / 1e3, 100 * bytes / tm / 1e3 / copy, best_p, best_t,
+                                   bytes / best_t / 1e3, tm / best_t);
         }
         const double tt = torch_us(torch_csv, s);
         const double target = s.B == 2 && s.H == 16 ? s.flashmla_us : 1.4 * s.flashmla_us;
@@ -393,6 +415,7 @@ int main(int argc, char **argv) {
         free_inputs(&in);
     }
     printf("\n%s\n", table);
+    if (sweep) printf("split sweep (forced parts at min(reps, 10) runs; bytes = KV once + q + o):\n\n%s\n", sweep_tab);
     if (fc) fclose(fc);
     if (out) {
         FILE *f = fopen(out, "w");
@@ -403,6 +426,7 @@ int main(int argc, char **argv) {
         fprintf(f, "# verify_attn sm90 results\n\n%s (sm_%d%d, %d SMs), %s, %d runs per time (median, L2 flushed)\n`%s`\n\n"
                    "Ceilings in this run: bf16 GEMM %.0f TFLOP/s, device copy %.0f GB/s.\n\n%s",
                 prop.name, prop.major, prop.minor, prop.multiProcessorCount, date, reps, cmd, gemm, copy, table);
+        if (sweep) fprintf(f, "\nSplit sweep (forced parts at min(reps, 10) runs):\n\n%s", sweep_tab);
         fclose(f);
     }
     cudaFree(bn.flush);

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../bench/bench_common.h" /* CK, KCK, bench_splitmix64 */
+#include "../../bench/bench_common.h" /* CK, KCK, bench_splitmix64, bench_flushed_us */
 #include "cuda/sm90/verify_attn_sm90.h"
 #include "cuda/sm90/verify_attn_sm90_tile.cuh"
 
@@ -363,30 +363,6 @@ void *to_device(const void *host, size_t bytes) {
     return d;
 }
 
-/* Median of reps runs of fn in microseconds, the L2 flushed (a 256 MB memset) before each. */
-template <typename F>
-double time_us(F fn, int reps) {
-    static void *flush = nullptr;
-    const size_t flush_bytes = (size_t)256 << 20;
-    if (!flush) CK(cudaMalloc(&flush, flush_bytes));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    double t[64];
-    for (int r = 0; r < reps; r++) {
-        CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes, 0));
-        CK(cudaEventRecord(e0, 0));
-        fn();
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t[r] = ms * 1e3;
-        for (int j = r; j > 0 && t[j] < t[j - 1]; j--) { const double x = t[j]; t[j] = t[j - 1], t[j - 1] = x; }
-    }
-    return t[reps / 2];
-}
-
 } // namespace
 
 int main(int argc, char **argv) {
@@ -467,7 +443,7 @@ int main(int argc, char **argv) {
     const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     printf("B=%d H=%d Q=%d prefix=%d: ping-pong vs the library's TMA kernel: o rel_l2 %.2e, lse max |d| %.2e %s\n", B, H, Q,
            prefix, rel, lse_err, rel <= 1e-2 && lse_err <= 1e-3 ? "(ok)" : "(MISMATCH)");
-    printf("  TMA kernel (1 part) %.1f us, ping-pong %.1f us (median of 20, L2 flushed)\n", time_us(run_lib, 20),
-           time_us(run_pp, 20));
+    printf("  TMA kernel (1 part) %.1f us, ping-pong %.1f us (median of 20, L2 flushed)\n", bench_flushed_us(run_lib, 20),
+           bench_flushed_us(run_pp, 20));
     return 0;
 }

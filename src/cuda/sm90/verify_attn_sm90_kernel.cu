@@ -182,9 +182,6 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     const uint32_t sbase = smem_u32(smem);
-    long long *warp_sums = (long long *)(smem + kOffSched);
-    long long *found_w = warp_sums + 8;
-    int *found_b = (int *)(found_w + 1);
     uint32_t q_phase = 0, k_phase = 0; /* the TMA kernel's barrier parities */
     if (kTma && threadIdx.x == 0) { /* used after the segment's first __syncthreads */
         for (int i = 0; i < 3; i++) mbar_init(sbase + kOffBarT + 8 * i, 1);
@@ -192,49 +189,10 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
     }
     /* Let the combine kernel (programmatic dependent launch) start as soon as every CTA runs. */
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    const int mt = blockIdx.x, part = blockIdx.y, P = a.parts;
-    long long W = 0, s_p = 0, e_p = LLONG_MAX, wb = 0; /* wb: position of request b */
-    int b = 0;
-    if (P > 1) {
-        long long unused;
-        sched_sums(a, 0, warp_sums, &W, &unused);
-        s_p = part_start(W, P, part);
-        e_p = part_start(W, P, part + 1);
-        if (threadIdx.x == 0) *found_b = -1;
-        long long run = 0;
-        for (int base = 0; base < a.B; base += kThreads) { /* the request holding position s_p */
-            const int bb = base + threadIdx.x;
-            const long long w = bb < a.B ? key_tiles(req_keys(a, bb)) + kOverhead : 0;
-            long long t;
-            const long long incl = block_scan(w, warp_sums, &t);
-            if (bb < a.B && run + incl - w <= s_p && s_p < run + incl) {
-                *found_b = bb;
-                *found_w = run + incl - w;
-            }
-            run += t;
-            __syncthreads();
-            if (*found_b >= 0) break;
-        }
-        b = *found_b;
-        wb = *found_w;
-        if (b < 0) return; /* only when the parts outnumber W: nothing here (uniform) */
-    }
-    for (; b < a.B; b++) {
-        const int nt = key_tiles(req_keys(a, b));
-        const long long first = wb + kOverhead; /* position of the request's first key tile */
-        if (first >= e_p) break;
-        const long long tb = (s_p > first ? s_p : first) - first, te = (e_p < first + nt ? e_p : first + nt) - first;
-        if (tb < te) {
-            int slot = -1; /* direct output */
-            if (P > 1) {
-                const int p0 = part_of(W, P, first), p1 = part_of(W, P, first + nt - 1);
-                if (p0 != p1) slot = part == p0 ? 2 * part + 1 : 2 * part;
-            }
-            if constexpr (kTma) run_segment_tma(a, smem, sbase, b, mt, (int)tb, (int)te, slot, q_phase, k_phase);
-            else run_segment(a, smem, sbase, b, mt, (int)tb, (int)te, slot);
-        }
-        wb += nt + kOverhead;
-    }
+    walk_segments(a, smem, [&](int b, int tb, int te, int slot) {
+        if constexpr (kTma) run_segment_tma(a, smem, sbase, b, blockIdx.x, tb, te, slot, q_phase, k_phase);
+        else run_segment(a, smem, sbase, b, blockIdx.x, tb, te, slot);
+    });
 }
 
 } // namespace

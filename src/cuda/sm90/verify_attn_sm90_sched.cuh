@@ -3,6 +3,8 @@
  * call gets (host side, choose_parts). */
 #pragma once
 
+#include <limits.h>
+
 #include "cuda/sm90/verify_attn_sm90_traits.cuh"
 
 namespace kdt_va_sm90 {
@@ -48,6 +50,59 @@ static __device__ void sched_sums(const Args &a, int upto, long long *warp_sums,
         block_scan(b < upto ? w : 0, warp_sums, &u);
         *W += t;
         *before += u;
+    }
+}
+
+/* The segments of this CTA (row tile blockIdx.x, part blockIdx.y of a.parts), in order: for each
+ * request with key tiles in the part's range, seg(b, tb, te, slot) runs tiles [tb, te) of request b;
+ * slot -1 writes o directly, else the partial slot of a request cut across parts. Every thread
+ * calls it (the scans are CTA-wide); the scratch is at kOffSched of smem. */
+template <typename Seg>
+__device__ __forceinline__ void walk_segments(const Args &a, uint8_t *smem, Seg &&seg) {
+    long long *warp_sums = (long long *)(smem + kOffSched);
+    long long *found_w = warp_sums + 8;
+    int *found_b = (int *)(found_w + 1);
+    const int part = blockIdx.y, P = a.parts;
+    long long W = 0, s_p = 0, e_p = LLONG_MAX, wb = 0; /* wb: position of request b */
+    int b = 0;
+    if (P > 1) {
+        long long unused;
+        sched_sums(a, 0, warp_sums, &W, &unused);
+        s_p = part_start(W, P, part);
+        e_p = part_start(W, P, part + 1);
+        if (threadIdx.x == 0) *found_b = -1;
+        long long run = 0;
+        for (int base = 0; base < a.B; base += kThreads) { /* the request holding position s_p */
+            const int bb = base + threadIdx.x;
+            const long long w = bb < a.B ? key_tiles(req_keys(a, bb)) + kOverhead : 0;
+            long long t;
+            const long long incl = block_scan(w, warp_sums, &t);
+            if (bb < a.B && run + incl - w <= s_p && s_p < run + incl) {
+                *found_b = bb;
+                *found_w = run + incl - w;
+            }
+            run += t;
+            __syncthreads();
+            if (*found_b >= 0) break;
+        }
+        b = *found_b;
+        wb = *found_w;
+        if (b < 0) return; /* only when the parts outnumber W: nothing here (uniform) */
+    }
+    for (; b < a.B; b++) {
+        const int nt = key_tiles(req_keys(a, b));
+        const long long first = wb + kOverhead; /* position of the request's first key tile */
+        if (first >= e_p) break;
+        const long long tb = (s_p > first ? s_p : first) - first, te = (e_p < first + nt ? e_p : first + nt) - first;
+        if (tb < te) {
+            int slot = -1; /* direct output */
+            if (P > 1) {
+                const int p0 = part_of(W, P, first), p1 = part_of(W, P, first + nt - 1);
+                if (p0 != p1) slot = part == p0 ? 2 * part + 1 : 2 * part;
+            }
+            seg(b, (int)tb, (int)te, slot);
+        }
+        wb += nt + kOverhead;
     }
 }
 

@@ -1,0 +1,561 @@
+/* verify_attn on Hopper, experiment: the "seesaw" schedule, where warpgroup 1's half of the value
+ * product of tile k - 1 runs on the tensor cores while warpgroup 0 computes the softmax of tile k
+ * (docs/perf/verify_attn_sm90.md, "Seesaw design": budgets, the prediction). It reuses the
+ * library's tiles, softmax, epilogue, split walk and combine (src/cuda/sm90/), checks its output
+ * against the library's shipped TMA kernel on the issue's 7 shapes and on tree masks of other
+ * shapes (same split, o NaN-poisoned first, cache rows past kv_len NaN), and on the small cases
+ * against the library's CPU reference too (test_verify_attn_fast's tolerances: o rel L2 1e-2, lse
+ * 1e-3), then times both with CUDA events (median, L2 flushed before each run). The arithmetic is
+ * the shipped kernel's in the same order, so the outputs are expected to match it bit for bit.
+ *
+ *   make dev                                   (builds $(BUILD)/dev/verify_attn_sm90_seesaw)
+ *   nvcc -O3 -std=c++17 -Iinclude -Isrc -DKDT_HAVE_CUDA=1 --expt-relaxed-constexpr \
+ *        -gencode arch=compute_90a,code=sm_90a dev/cuda/verify_attn_sm90_seesaw.cu build/libkdt.a \
+ *        -lcjson -lpcre2-8 -o build/dev/verify_attn_sm90_seesaw
+ *   build/dev/verify_attn_sm90_seesaw [--reps N] [--check-only | --no-check] [--shape I] [--parts P]
+ *
+ * --shape I: the I-th issue shape alone (0-based); --parts P: force P parts on both kernels.
+ * Prints a PASS / FAIL line per check case (rel L2, max |d|, differing elements, NaN; "bit-identical"
+ * when no element differs), a summary line, then a table row per timed shape (shipped us, seesaw
+ * us, ratio); exits 1 on any failed case.
+ *
+ * Schedule (per key tile k of a segment; the shipped kernel's building blocks otherwise):
+ *   warpgroup 0: S(k) done -> arrive "S done" -> softmax(k), O_left *= alpha(k) -> (P slot free)
+ *                -> P(k), alpha(k) to shared memory -> arrive "P ready" -> issue O_left += P(k) V(k)
+ *                (P from shared memory) -> issue S(k + 1) blocks 0..3 -> wait for O_left's product: TMA of tile k + 2's
+ *                blocks 0..3 and 8 into tile k's buffer -> issue S(k + 1) blocks 4..8 -> wait.
+ *   warpgroup 1: (tile k landed; the request's last tile: zero V past kv_len) -> wait "S done"
+ *                -> arrive "P slot free" -> O_right *= alpha(k - 1); issue O_right += P(k - 1) V(k - 1)
+ *                (under warpgroup 0's softmax) -> wait: TMA of tile k + 1's blocks 4..7 into
+ *                tile k - 1's buffer -> wait "P ready" -> P(k), alpha(k) into registers.
+ * Each key buffer has two mbarriers: blocks 0..3 + 8 (free once warpgroup 0's S and P V of the
+ * tile are done) and blocks 4..7 (free once warpgroup 1's P V is done). The named barriers strictly
+ * alternate (each side's next arrival waits on the other side's last), so none can be lapped. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "../../bench/bench_common.h" /* CK, KCK, bench_splitmix64, bench_mix64, bench_flushed_us */
+#include "cuda/sm90/verify_attn_sm90.h"
+#include "kdt/ops.h"
+#include "cuda/sm90/verify_attn_sm90_tile.cuh"
+
+using namespace kdt_va_sm90;
+
+namespace {
+
+/* mbarriers after the schedule's scratch: Q, then per buffer j: early (8 + 16 j), late (16 + 16 j). */
+constexpr uint32_t kOffBarS = kOffSched + 128;
+constexpr uint32_t kSmemS = kOffBarS + 5 * 8 + 1024;
+constexpr uint32_t kEarlyCols = 0x10Fu, kLateCols = 0x0F0u; /* column-block masks: 0..3 + 8, 4..7 */
+enum { kBarSDone = 1, kBarPFree, kBarPReady, kBarWg0 };
+
+/* TMA loads of the column blocks in mask cols of key tile kt (block-table entries e) into buffer
+ * buf, completing on bar; one thread. */
+__device__ __forceinline__ void load_cols(const Args &a, int b, int n, int kt, const int (&e)[4], uint32_t buf, uint32_t bar,
+                                          uint32_t cols) {
+    int y[4];
+    tile_rows(a, b, n, kt, e, y);
+    mbar_arrive_expect_tx(bar, (uint32_t)__popc(cols) * kColBlock);
+    for (int c = 0; c < kDqk / 64; c++)
+        if (cols >> c & 1u)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (k * a.kv_box < kBN) tma_load_2d(buf + c * kColBlock + k * a.kv_box * 128, &a.tm_kv, 64 * c, y[k], bar);
+}
+
+/* S += Q K^T over column blocks [C0, C1) (the shipped kernel's k order); one commit group. */
+template <int C0, int C1>
+__device__ __forceinline__ void scores_cols(float (&s)[32], uint32_t sq, uint32_t sk) {
+    const uint32_t lq = desc_lo(sq, 16), lk = desc_lo(sk, 16);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 4 * C0; kk < 4 * C1; kk++) {
+        const uint32_t off = ((uint32_t)(kk >> 2) * kColBlock + (uint32_t)(kk & 3) * 32) >> 4;
+        wgmma_m64n64k16_ss(s, desc_from(lq + off, 1024), desc_from(lk + off, 1024));
+    }
+    wgmma_commit();
+}
+
+/* O += P V over a tile's 64 keys, V the 256 dims of this warpgroup's half (4 column blocks from
+ * v0, N-major); one commit group. P from registers (warpgroup 1), or (kSmemP) from the swizzled
+ * [64 rows, 64 keys] tile at sp (warpgroup 0: its P registers are then free while S(k + 1) runs). */
+template <bool kSmemP>
+__device__ __forceinline__ void pv_async(float (&o)[128], const uint32_t (&p)[4][4], uint32_t v0, uint32_t sp) {
+    const uint32_t lv = desc_lo(v0, kColBlock), lp = desc_lo(sp, 16);
+    wgmma_fence();
+    if constexpr (kSmemP) {
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; kk++) wgmma_m64n256k16_ss(o, desc_from(lp + kk * 2, 1024), desc_from(lv + kk * 128, 1024));
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; kk++) wgmma_m64n256k16_rs(o, p[kk], desc_from(lv + kk * 128, 1024));
+    }
+    wgmma_commit();
+}
+
+__device__ __forceinline__ void scale_o(float (&o)[128], float a0, float a1) {
+    if (a0 != 1.f || a1 != 1.f) {
+#pragma unroll
+        for (int j = 0; j < 32; j++) o[4 * j] *= a0, o[4 * j + 1] *= a0, o[4 * j + 2] *= a1, o[4 * j + 3] *= a1;
+    }
+}
+
+/* P back from the swizzled tile store_p writes: the same A fragments. */
+__device__ __forceinline__ void load_p(const uint8_t *tile, uint32_t (&p)[4][4], int r0, int r1, int t4) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        p[j >> 1][(j & 1) * 2] = *(const uint32_t *)(tile + r0 * 128 + ((j ^ (r0 & 7)) << 4) + t4 * 4);
+        p[j >> 1][(j & 1) * 2 + 1] = *(const uint32_t *)(tile + r1 * 128 + ((j ^ (r1 & 7)) << 4) + t4 * 4);
+    }
+}
+
+/* One segment: rows [64 mt, 64 mt + 64) of request b against its key tiles [tb, te). q_phase: parity
+ * of the Q barrier; k_phase: bit 2 j + g, of buffer j's barrier g (0 early, 1 late). */
+__device__ __forceinline__ void run_segment_seesaw(const Args &a, uint8_t *smem, uint32_t sbase, int b, int mt, int tb, int te,
+                                                   int slot, uint32_t &q_phase, uint32_t &k_phase) {
+    const int tid = threadIdx.x, lane = tid & 31, w4 = (tid >> 5) & 3;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0); /* provably warp-uniform: wgmma stays async */
+    const int g = lane >> 2, t4 = lane & 3;
+    const int m0 = mt * kBM, rows_valid = min(kBM, a.rows - m0);
+    const int n = req_keys(a, b), prefix = n - a.Q;
+    const int r0 = 16 * w4 + g, r1 = r0 + 8;
+    float *s_scale = (float *)(smem + kOffScale);
+    const uint32_t sq = sbase + kOffQ, buf0 = sbase + kOffK;
+    const uint32_t bar_q = sbase + kOffBarS, bars = bar_q + 8; /* buffer j, group g: bars + 16 j + 8 g */
+    auto buf = [&](int kt) { return buf0 + (uint32_t)((kt - tb) & 1) * kTileBytes; };
+    auto bar = [&](int kt, int grp) { return bars + 16u * (uint32_t)((kt - tb) & 1) + 8u * (uint32_t)grp; };
+    auto wait_tile = [&](int kt, int grp) { /* this thread's wait on a group of tile kt; flips its parity bit */
+        const int bit = 2 * ((kt - tb) & 1) + grp;
+        mbar_wait(bar(kt, grp), (k_phase >> bit) & 1u);
+        k_phase ^= 1u << bit;
+    };
+
+    fence_proxy_async(); /* this thread's generic accesses to the buffers (last staging) before the TMA below */
+    __syncthreads();
+    if (tid == 0) {
+        mbar_arrive_expect_tx(bar_q, kTileBytes);
+        for (int c = 0; c < kDqk / 64; c++) tma_load_2d(sq + c * kColBlock, &a.tm_q, 64 * c, b * a.rows + m0, bar_q);
+        for (int kt = tb; kt < te && kt < tb + 2; kt++) {
+            int e[4];
+            tile_blocks(a, b, n, kt, e);
+            load_cols(a, b, n, kt, e, buf(kt), bar(kt, 0), kEarlyCols);
+            load_cols(a, b, n, kt, e, buf(kt), bar(kt, 1), kLateCols);
+        }
+    }
+    int e_next[4]; /* threads 0 and 128: block-table entries of the next tile each loads (tb + 2 first) */
+    if (tid == 0 || tid == 128) tile_blocks(a, b, n, tb + 2 < te ? tb + 2 : tb, e_next);
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.f;
+    uint32_t p[4][4];
+    RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}}; /* warpgroup 0's */
+    mbar_wait(bar_q, q_phase);
+    q_phase ^= 1;
+
+    if (wg == 0) {
+        /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
+        const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
+        const uint8_t *mrow1 = a.tree_mask + ((long long)b * a.Q + min((m0 + r1) / a.H, a.Q - 1)) * a.Q;
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = 0.f;
+        fence_regs(s);
+        wait_tile(tb, 0);
+        scores_cols<0, 4>(s, sq, buf(tb));
+        wait_tile(tb, 1);
+        scores_cols<4, 9>(s, sq, buf(tb));
+        wgmma_wait0();
+        fence_regs(s);
+        for (int kt = tb; kt < te; kt++) {
+            bar_arrive(kBarSDone, 256);
+            float alpha[2];
+            softmax_tile(s, st, alpha, p, a.scale_log2, (kt + 1) * kBN > prefix, kt * kBN, n, prefix, mrow0, mrow1, t4);
+            scale_o(o, alpha[0], alpha[1]);
+            bar_sync(kBarPFree, 256); /* warpgroup 1 has P(k - 1) in registers and V(k) zeroed past kv_len */
+            store_p(smem + kOffP, p, r0, r1, t4);
+            if (t4 == 0) s_scale[r0] = alpha[0], s_scale[r1] = alpha[1];
+            fence_proxy_async(); /* P is read by this warpgroup's wgmma */
+            bar_sync(kBarWg0, 128);
+            bar_arrive(kBarPReady, 256);
+            fence_regs(o);
+            pv_async<true>(o, p, buf(kt), sbase + kOffP); /* O_left += P(k) V(k)_left */
+            if (kt + 1 < te) {
+#pragma unroll
+                for (int i = 0; i < 32; i++) s[i] = 0.f;
+                fence_regs(s);
+                wait_tile(kt + 1, 0);
+                scores_cols<0, 4>(s, sq, buf(kt + 1));
+                wgmma_wait<1>(); /* O_left's product is done: tile k's blocks 0..3 and 8 are free */
+                if (tid == 0 && kt + 2 < te) {
+                    load_cols(a, b, n, kt + 2, e_next, buf(kt), bar(kt, 0), kEarlyCols);
+                    tile_blocks(a, b, n, kt + 3 < te ? kt + 3 : kt, e_next);
+                }
+                wait_tile(kt + 1, 1);
+                scores_cols<4, 9>(s, sq, buf(kt + 1));
+            }
+            wgmma_wait0();
+            fence_regs(o);
+            fence_regs(s);
+        }
+    } else {
+        float alpha[2] = {1.f, 1.f};
+        for (int kt = tb; kt < te; kt++) {
+            wait_tile(kt, 0);
+            wait_tile(kt, 1);
+            if ((kt + 1) * kBN > n) { /* the request's last tile: keys past kv_len */
+                zero_v_rows(smem + kOffK + (uint32_t)((kt - tb) & 1) * kTileBytes, max(n - kt * kBN, 0), tid & 127);
+                fence_proxy_async();
+            }
+            bar_sync(kBarSDone, 256); /* S(k) is done: the tensor cores are ours while warpgroup 0 runs the softmax */
+            bar_arrive(kBarPFree, 256);
+            if (kt > tb) {
+                scale_o(o, alpha[0], alpha[1]);
+                fence_regs(o);
+                pv_async<false>(o, p, buf(kt - 1) + 4 * kColBlock, 0); /* O_right += P(k - 1) V(k - 1)_right */
+                wgmma_wait0();
+                fence_regs(o);
+                fence_regs(p);
+                if (tid == 128 && kt + 1 < te) { /* tile k - 1's blocks 4..7 are free */
+                    load_cols(a, b, n, kt + 1, e_next, buf(kt - 1), bar(kt - 1, 1), kLateCols);
+                    tile_blocks(a, b, n, kt + 2 < te ? kt + 2 : kt, e_next);
+                }
+            }
+            bar_sync(kBarPReady, 256);
+            load_p(smem + kOffP, p, r0, r1, t4);
+            alpha[0] = s_scale[r0], alpha[1] = s_scale[r1];
+        }
+        scale_o(o, alpha[0], alpha[1]);
+        fence_regs(o);
+        pv_async<false>(o, p, buf(te - 1) + 4 * kColBlock, 0);
+        wgmma_wait0();
+        fence_regs(o);
+    }
+    end_segment(a, smem, o, st, b, m0, rows_valid, slot, wg, r0, r1, t4);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) seesaw_kernel(const __grid_constant__ Args a) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const uint32_t sbase = smem_u32(smem);
+    uint32_t q_phase = 0, k_phase = 0;
+    if (threadIdx.x == 0) { /* used after the segment's first __syncthreads */
+        for (int i = 0; i < 5; i++) mbar_init(sbase + kOffBarS + 8 * i, 1);
+        fence_mbar_init();
+    }
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); /* the combine kernel may start */
+    walk_segments(a, smem, [&](int b, int tb, int te, int slot) {
+        run_segment_seesaw(a, smem, sbase, b, blockIdx.x, tb, te, slot, q_phase, k_phase);
+    });
+}
+
+/* ---- the harness ---- */
+
+__global__ void fill_bf16(bf16 *x, size_t n, uint64_t seed, float amp) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t z = bench_mix64((i + 1) * 0x9E3779B97F4A7C15ull ^ seed);
+        x[i] = __float2bfloat16((float)((z >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0) * amp);
+    }
+}
+
+/* NaN into every cache row of request b at or past kv_len[b] (the rest of its blocks). */
+__global__ void poison_tail(bf16 *kv, const int32_t *bt, const int32_t *len, int MB, int BS) {
+    const int b = blockIdx.x;
+    const __nv_bfloat16 nan = __ushort_as_bfloat16((unsigned short)0x7FC0);
+    for (long long i = len[b] * (long long)kDqk + threadIdx.x; i < (long long)MB * BS * kDqk; i += blockDim.x) {
+        const long long j = i / kDqk;
+        kv[((long long)bt[(long long)b * MB + j / BS] * BS + j % BS) * kDqk + i % kDqk] = nan;
+    }
+}
+
+uint64_t g_rng = 42;
+uint64_t rnd() { return bench_splitmix64(&g_rng); }
+
+struct Case {
+    int B, H, Q, prefix, BS;
+    int tree;    /* 0 random (deep-ish), 1 chain (causal), 2 star (every node a child of the root) */
+    int ragged;  /* 1: kv_len varies per request (prefix - 0..200) */
+};
+
+struct Run {
+    kdt_verify_attn_params p;
+    Args a;
+    int m_tiles;
+    void *ws;
+    bf16 *o2;
+    float *lse2;
+};
+
+void make_case(const Case &c, Run *r) {
+    memset(r, 0, sizeof *r);
+    const int nmax = c.prefix + c.Q, MB = (nmax + c.BS - 1) / c.BS, NB = c.B * MB;
+    const size_t q_n = (size_t)c.B * c.Q * c.H * kDqk, kv_n = (size_t)NB * c.BS * kDqk, rows = (size_t)c.B * c.Q * c.H;
+    kdt_verify_attn_params *p = &r->p;
+    void *q, *kv, *o;
+    float *lse;
+    CK(cudaMalloc(&q, q_n * 2));
+    CK(cudaMalloc(&kv, kv_n * 2));
+    CK(cudaMalloc(&o, rows * kDv * 2));
+    CK(cudaMalloc(&lse, rows * 4));
+    CK(cudaMalloc(&r->o2, rows * kDv * 2));
+    CK(cudaMalloc(&r->lse2, rows * 4));
+    fill_bf16<<<2048, 256>>>((bf16 *)q, q_n, rnd(), 2.f);
+    fill_bf16<<<2048, 256>>>((bf16 *)kv, kv_n, rnd(), 1.f);
+    CK(cudaGetLastError());
+    int32_t *bt = (int32_t *)malloc(sizeof(int32_t) * NB), *len = (int32_t *)malloc(sizeof(int32_t) * c.B);
+    for (int i = 0; i < NB; i++) bt[i] = i;
+    for (int i = NB - 1; i > 0; i--) {
+        const int j = (int)(rnd() % (uint64_t)(i + 1)), t = bt[i];
+        bt[i] = bt[j], bt[j] = t;
+    }
+    for (int b = 0; b < c.B; b++) len[b] = c.ragged ? std::max(nmax - (int)(rnd() % 201), c.Q) : nmax;
+    uint8_t *mask = (uint8_t *)calloc((size_t)c.B * c.Q * c.Q, 1);
+    for (int b = 0; b < c.B; b++)
+        for (int i = 0; i < c.Q; i++) {
+            int parent = -1;
+            if (i > 0) parent = c.tree == 1 ? i - 1 : c.tree == 2 ? 0 : (rnd() % 2 ? i - 1 : (int)(rnd() % (uint64_t)i));
+            uint8_t *row = mask + ((size_t)b * c.Q + i) * c.Q;
+            row[i] = 1;
+            if (parent >= 0) /* ancestors: the parent's row (parent < i, already built) */
+                for (int j = 0; j < i; j++) row[j] |= mask[((size_t)b * c.Q + parent) * c.Q + j];
+        }
+    int32_t *d_bt, *d_len;
+    uint8_t *d_mask;
+    CK(cudaMalloc(&d_bt, sizeof(int32_t) * NB));
+    CK(cudaMalloc(&d_len, sizeof(int32_t) * c.B));
+    CK(cudaMalloc(&d_mask, (size_t)c.B * c.Q * c.Q));
+    CK(cudaMemcpy(d_bt, bt, sizeof(int32_t) * NB, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_len, len, sizeof(int32_t) * c.B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_mask, mask, (size_t)c.B * c.Q * c.Q, cudaMemcpyHostToDevice));
+    poison_tail<<<c.B, 256>>>((bf16 *)kv, d_bt, d_len, MB, c.BS);
+    CK(cudaGetLastError());
+    free(bt), free(len), free(mask);
+    p->B = c.B, p->Q = c.Q, p->H = c.H, p->Dv = kDv, p->Dr = kDr, p->dtype = KDT_BF16, p->sm_scale = 0.13086f;
+    p->q = q, p->kv_cache = kv, p->NB = NB, p->BS = c.BS, p->block_table = d_bt, p->MB = MB;
+    p->kv_len = d_len, p->tree_mask = d_mask, p->o = o, p->lse = lse;
+}
+
+void free_case(Run *r) {
+    cudaFree((void *)r->p.q), cudaFree((void *)r->p.kv_cache), cudaFree(r->p.o), cudaFree(r->p.lse);
+    cudaFree((void *)r->p.block_table), cudaFree((void *)r->p.kv_len), cudaFree((void *)r->p.tree_mask);
+    cudaFree(r->o2), cudaFree(r->lse2), cudaFree(r->ws);
+}
+
+/* The seesaw kernel's Args for run r with `parts` parts (its own workspace; output to o2, lse2). */
+int setup_seesaw(Run *r, int parts) {
+    kdt_verify_attn_params q = r->p;
+    q.o = r->o2, q.lse = r->lse2;
+    if (!make_args(&q, &r->a) || !setup_tma(&q, &r->a)) return 0;
+    r->a.parts = parts;
+    r->m_tiles = (r->a.rows + kBM - 1) / kBM;
+    cudaFree(r->ws);
+    r->ws = nullptr;
+    if (parts > 1) {
+        const size_t slot_rows = (size_t)2 * parts * (size_t)r->a.rows;
+        CK(cudaMalloc(&r->ws, slot_rows * (kDv * 2 + 4)));
+        r->a.o_part = (bf16 *)r->ws;
+        r->a.lse_part = (float *)(r->a.o_part + slot_rows * kDv);
+    }
+    return 1;
+}
+
+void run_seesaw(const Run &r) {
+    seesaw_kernel<<<dim3((unsigned)r.m_tiles, (unsigned)r.a.parts), kThreads, kSmemS>>>(r.a);
+    CK(cudaPeekAtLastError());
+    int pdl = 0;
+    if (r.a.parts > 1) CK(launch_combine(r.a, 0, 0, &pdl));
+}
+
+/* The shipped TMA kernel with `parts` (0: its scheduler); *info gets what ran. */
+void run_shipped(const Run &r, int parts, kdt_va_sm90_info *info) {
+    const kdt_va_sm90_config cfg = {KDT_VA_SM90_TMA, parts, 0};
+    int handled = 0;
+    KCK(kdt_verify_attn_sm90_ex(&r.p, NULL, &cfg, info, &handled));
+    if (!handled) {
+        fprintf(stderr, "the shipped sm90 kernel declined the call (not an sm_90 device?)\n");
+        exit(1);
+    }
+}
+
+float bf2f(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The library's CPU reference (double accumulation) on host copies of run r's inputs: o (bf16
+ * bits) and lse of every row. Only for small cases: it is O(B Q H kv_len 1088) on one core. */
+void cpu_reference(const Case &c, const Run &r, uint16_t *o, float *lse) {
+    const kdt_verify_attn_params &d = r.p;
+    const size_t q_bytes = (size_t)c.B * c.Q * c.H * kDqk * 2, kv_bytes = (size_t)d.NB * d.BS * kDqk * 2;
+    void *q = malloc(q_bytes), *kv = malloc(kv_bytes);
+    int32_t *bt = (int32_t *)malloc(sizeof(int32_t) * (size_t)d.NB), *len = (int32_t *)malloc(sizeof(int32_t) * (size_t)c.B);
+    uint8_t *mask = (uint8_t *)malloc((size_t)c.B * c.Q * c.Q);
+    CK(cudaMemcpy(q, d.q, q_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(kv, d.kv_cache, kv_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(bt, d.block_table, sizeof(int32_t) * (size_t)d.NB, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(len, d.kv_len, sizeof(int32_t) * (size_t)c.B, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(mask, d.tree_mask, (size_t)c.B * c.Q * c.Q, cudaMemcpyDeviceToHost));
+    kdt_verify_attn_params h = d;
+    h.q = q, h.kv_cache = kv, h.block_table = bt, h.kv_len = len, h.tree_mask = mask, h.o = o, h.lse = lse;
+    KCK(kdt_verify_attn(&h, KDT_BACKEND_CPU, NULL));
+    free(q), free(kv), free(bt), free(len), free(mask);
+}
+
+/* Distance of bf16 output a to reference b (n elements): rel L2, max |d|, differing, NaN in either. */
+struct Diff {
+    double rel, max_abs;
+    size_t differ, nan;
+};
+Diff diff_bf16(const uint16_t *a, const uint16_t *b, size_t n) {
+    Diff d = {0, 0, 0, 0};
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float fa = bf2f(a[i]), fb = bf2f(b[i]);
+        if (isnan(fa) || isnan(fb)) {
+            d.nan++;
+            continue;
+        }
+        d.differ += a[i] != b[i];
+        num += ((double)fa - fb) * ((double)fa - fb), den += (double)fb * fb;
+        d.max_abs = fmax(d.max_abs, fabs((double)fa - fb));
+    }
+    d.rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    return d;
+}
+/* Max |a - b| over n lse values; both -inf counts as equal; NaN in either adds to *nan. */
+double diff_lse(const float *a, const float *b, size_t n, size_t *nan) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i])) (*nan)++;
+        else if (!(isinf(a[i]) && a[i] == b[i])) m = fmax(m, fabs((double)a[i] - b[i]));
+    }
+    return m;
+}
+
+/* Both kernels with the same split into NaN-poisoned outputs, and for small cases the CPU
+ * reference; prints one line; 1 when the seesaw output agrees with both. */
+int check(const Case &c, const char *what, int parts_req) {
+    Run r;
+    make_case(c, &r);
+    const size_t rows = (size_t)c.B * c.Q * c.H, on = rows * kDv;
+    kdt_va_sm90_info info;
+    memset(&info, 0, sizeof info);
+    CK(cudaMemset(r.p.o, 0xFF, on * 2));
+    CK(cudaMemset(r.o2, 0xFF, on * 2));
+    run_shipped(r, parts_req, &info);
+    if (!setup_seesaw(&r, info.parts)) {
+        printf("FAIL  seesaw check %s: the call does not fit the TMA maps\n", what);
+        free_case(&r);
+        return 0;
+    }
+    run_seesaw(r);
+    CK(cudaDeviceSynchronize());
+    uint16_t *ha = (uint16_t *)malloc(on * 2), *hb = (uint16_t *)malloc(on * 2);
+    float *la = (float *)malloc(rows * 4), *lb = (float *)malloc(rows * 4);
+    CK(cudaMemcpy(ha, r.p.o, on * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb, r.o2, on * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(la, r.p.lse, rows * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lb, r.lse2, rows * 4, cudaMemcpyDeviceToHost));
+    Diff d = diff_bf16(hb, ha, on);
+    size_t lse_nan = 0;
+    const double lse_d = diff_lse(lb, la, rows, &lse_nan);
+    int ok = d.nan == 0 && lse_nan == 0 && d.rel <= 1e-3 && lse_d <= 1e-4;
+    char ref_s[160] = "";
+    if ((double)c.B * c.Q * c.H * (c.prefix + c.Q) <= 2.5e6) { /* the CPU reference: the test's tolerances */
+        uint16_t *hr = (uint16_t *)malloc(on * 2);
+        float *lr = (float *)malloc(rows * 4);
+        cpu_reference(c, r, hr, lr);
+        const Diff dr = diff_bf16(hb, hr, on);
+        size_t rn = 0;
+        const double rl = diff_lse(lb, lr, rows, &rn);
+        const Diff ds = diff_bf16(ha, hr, on); /* the shipped kernel's, for scale */
+        ok = ok && dr.nan == 0 && rn == 0 && dr.rel <= 1e-2 && rl <= 1e-3;
+        snprintf(ref_s, sizeof ref_s, "; vs CPU reference: rel_l2 %.2e (shipped %.2e), lse max|d| %.2e, NaN %zu", dr.rel, ds.rel, rl,
+                 dr.nan + rn);
+        free(hr), free(lr);
+    }
+    printf("%s  seesaw check %s B=%d H=%d Q=%d prefix=%d BS=%d tree=%d ragged=%d parts=%d: vs shipped: rel_l2 %.2e max|d| %.3g "
+           "differing %zu of %zu, lse max|d| %.2e, NaN %zu%s%s\n",
+           ok ? "PASS" : "FAIL", what, c.B, c.H, c.Q, c.prefix, c.BS, c.tree, c.ragged, info.parts, d.rel, d.max_abs, d.differ, on,
+           lse_d, d.nan + lse_nan, d.differ == 0 && d.nan == 0 ? " (bit-identical)" : "", ref_s);
+    free(ha), free(hb), free(la), free(lb);
+    free_case(&r);
+    return ok;
+}
+
+const Case kIssue[] = {
+    {1, 64, 33, 32768, 64, 0, 0}, {16, 64, 17, 4096, 64, 0, 0}, {32, 64, 9, 8192, 64, 0, 0}, {1, 64, 257, 8192, 64, 0, 0},
+    {2, 16, 17, 2048, 64, 0, 0},  {64, 8, 17, 8192, 64, 0, 0},  {128, 8, 9, 16384, 64, 0, 0},
+};
+constexpr int kNumIssue = (int)(sizeof kIssue / sizeof *kIssue);
+
+} // namespace
+
+int main(int argc, char **argv) {
+    int reps = 30, check_only = 0, no_check = 0, only = -1, parts_force = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--check-only")) check_only = 1;
+        else if (!strcmp(argv[i], "--no-check")) no_check = 1;
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--parts") && i + 1 < argc) parts_force = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--reps N] [--check-only | --no-check] [--shape I] [--parts P]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    int n_dev = 0, major = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0 || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) ||
+        major != 9) {
+        printf("SKIP  verify_attn_sm90_seesaw: no compute capability 9.x device\n");
+        return 0;
+    }
+    CK(cudaFuncSetAttribute(seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemS));
+
+    /* Correctness: the issue's shapes with the scheduler's split, then masks, ragged lengths, block
+     * sizes 16 and 32 and forced splits (1: one segment per request; 3 and 7: requests cut across parts). */
+    int fails = 0, cases = 0;
+    for (int i = 0; i < kNumIssue && !no_check; i++)
+        if (only < 0 || only == i) fails += !check(kIssue[i], "issue", parts_force), cases++;
+    if (only < 0 && !no_check) {
+        const Case extra[] = {
+            {4, 16, 33, 1000, 64, 1, 1}, {4, 16, 33, 1000, 64, 2, 1}, {3, 64, 17, 130, 64, 0, 1}, {2, 16, 17, 300, 16, 0, 1},
+            {2, 16, 17, 300, 32, 1, 1},  {1, 64, 5, 0, 64, 0, 0},     {5, 8, 9, 64, 64, 2, 1},    {1, 128, 64, 700, 64, 0, 0},
+        };
+        for (const Case &c : extra) fails += !check(c, "mask", parts_force), cases++;
+        for (int pf : {1, 3, 7}) fails += !check(Case{6, 16, 17, 2000, 64, 0, 1}, "split", pf), cases++;
+    }
+    if (!no_check) printf("%s  seesaw: %d of %d cases failed\n", fails ? "FAIL" : "PASS", fails, cases);
+    if (check_only) return fails ? 1 : 0;
+
+    /* Timing: the whole call of each (main kernel + combine), the shipped kernel's split for both. */
+    printf("\n| B, H, Q, prefix | parts | shipped us | seesaw us | seesaw / shipped |\n|---|---:|---:|---:|---:|\n");
+    for (int i = 0; i < kNumIssue; i++) {
+        if (only >= 0 && only != i) continue;
+        const Case &c = kIssue[i];
+        Run r;
+        make_case(c, &r);
+        kdt_va_sm90_info info;
+        run_shipped(r, parts_force, &info);
+        if (!setup_seesaw(&r, info.parts)) {
+            free_case(&r);
+            continue;
+        }
+        run_seesaw(r);
+        CK(cudaDeviceSynchronize());
+        const double t_ship = bench_flushed_us([&] { run_shipped(r, parts_force, nullptr); }, reps);
+        const double t_ss = bench_flushed_us([&] { run_seesaw(r); }, reps);
+        const double t_ship2 = bench_flushed_us([&] { run_shipped(r, parts_force, nullptr); }, reps); /* drift check */
+        printf("| %d, %d, %d, %d | %d | %.1f (again %.1f) | %.1f | %.3f |\n", c.B, c.H, c.Q, c.prefix, info.parts, t_ship, t_ship2,
+               t_ss, t_ss / (0.5 * (t_ship + t_ship2)));
+        free_case(&r);
+    }
+    return fails ? 1 : 0;
+}
