@@ -6,7 +6,7 @@
  *   build/bench/bench_drafters --model DIR [--draft-model DIR] [--prompts FILE] [--limit 200]
  *        [--limits 16,64,200] [--batches 1,8,32] [--max-new 96] [--grid small|full]
  *        [--prefix-layers 1,2] [--drafters none,lookup,model,prefix-1,...] [--backend cpu|cuda]
- *        [--csv FILE] [--out FILE] [--time-budget S]
+ *        [--temperature T] [--top-p P] [--seed S] [--csv FILE] [--out FILE] [--time-budget S]
  *
  * Prompts: FILE holds one prompt per line, token ids separated by spaces (python/train_small_model.py
  * writes models/kdt-small/heldout_prompts.ids so). --limit caps how many are read; --limits, one per
@@ -16,7 +16,11 @@
  * picks some (none always runs: it is the reference). The CPU forward is single-threaded, so a machine
  * with many cores runs one process per drafter and batch size (scripts/gpu_drafters.sh does).
  * Grid (D, K, N): small: (4,1,4) (8,1,8) (4,2,8) (8,2,16) (8,4,32); full: D in {4, 8}, K in {1, 2, 4},
- * N in {8, 16, 32}.
+ * N in {8, 16, 32}; one: (8,2,16).
+ * --temperature T > 0 samples (with --top-p P, default 1; prompt i's seed is S + i, --seed default 1):
+ * acceptance by tree_sample_accept, the model drafters drawing their children (docs/sampling.md);
+ * "= greedy" then counts outputs equal to the none run's with the same seeds, which only says how
+ * often the draws happened to agree.
  * The backend's default precision: CUDA bf16, CPU f32. tokens/s: generated tokens (the prefill's
  * first included) over the whole kdt_spec_generate calls, prefill included, no per-phase
  * synchronization; a warm-up run precedes each batch size. "= greedy": requests whose output equals
@@ -116,6 +120,9 @@ static int parse_list(const char *arg, int *out, int max) {
 }
 
 /* Runs prompts [0, n) in batches of B; outputs go to out[i] (max_new each). */
+static float g_temp = 0.0f, g_top_p = 1.0f;
+static uint64_t g_seed = 1;
+
 static totals run_all(kdt_model *m, kdt_drafter *d, const cfg *c, int B, const prompts *p, int n, int max_new,
                       int32_t **out, int32_t *n_out) {
     totals t = {0};
@@ -126,7 +133,8 @@ static totals run_all(kdt_model *m, kdt_drafter *d, const cfg *c, int B, const p
         const int nb = n - i0 < B ? n - i0 : B;
         for (int b = 0; b < nb; b++)
             req[b] = (kdt_spec_request){.prompt = p->ids[i0 + b], .prompt_len = p->len[i0 + b], .max_new = max_new,
-                                        .out = out[i0 + b]};
+                                        .out = out[i0 + b], .temperature = g_temp, .top_p = g_top_p,
+                                        .seed = g_seed + (uint64_t)(i0 + b)};
         kdt_spec_stats st;
         kdt_status s = kdt_spec_generate(m, d, &par, nb, req, &st, NULL);
         if (s != KDT_OK) die("kdt_spec_generate", s);
@@ -164,6 +172,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--csv")) csv_path = v;
         else if (!strcmp(a, "--out")) md_path = v;
         else if (!strcmp(a, "--time-budget")) budget = atof(v);
+        else if (!strcmp(a, "--temperature")) g_temp = (float)atof(v);
+        else if (!strcmp(a, "--top-p")) g_top_p = (float)atof(v);
+        else if (!strcmp(a, "--seed")) g_seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--backend")) {
             be_given = 1;
             if (!strcmp(v, "cpu")) be = KDT_BACKEND_CPU;
@@ -171,11 +182,13 @@ int main(int argc, char **argv) {
             else { fprintf(stderr, "bench_drafters: --backend takes cpu or cuda, not %s\n", v); return 2; }
         } else { fprintf(stderr, "bench_drafters: unknown option %s\n", a); return 2; }
     }
-    if (!model_dir || limit < 1 || max_new < 1 || (strcmp(grid, "small") && strcmp(grid, "full"))) {
+    if (!model_dir || limit < 1 || max_new < 1 || (strcmp(grid, "small") && strcmp(grid, "full") && strcmp(grid, "one")) ||
+        !(g_temp >= 0.0f) || !(g_top_p > 0.0f && g_top_p <= 1.0f)) {
         fprintf(stderr, "usage: bench_drafters --model DIR [--draft-model DIR] [--prompts FILE] [--limit N] [--limits 16,64,200]\n"
                         "       [--batches 1,8,32] [--max-new 96] [--grid small|full] [--prefix-layers 1,2]\n"
                         "       [--drafters none,lookup,model,prefix-1,...]\n"
-                        "       [--backend cpu|cuda] [--csv FILE] [--out FILE] [--time-budget S]\n");
+                        "       [--backend cpu|cuda] [--temperature T] [--top-p P] [--seed S] [--csv FILE] [--out FILE]\n"
+                        "       [--time-budget S]\n");
         return 2;
     }
     char default_prompts[1024];
@@ -230,8 +243,8 @@ int main(int argc, char **argv) {
     for (int D = 4; D <= 8; D += 4)
         for (int K = 1; K <= 4; K *= 2)
             for (int N = 8; N <= 32; N *= 2) full[n_full++] = (cfg){D, K, N};
-    const cfg *gr = strcmp(grid, "full") ? GRID_SMALL : full;
-    const int n_gr = strcmp(grid, "full") ? (int)(sizeof GRID_SMALL / sizeof GRID_SMALL[0]) : n_full;
+    const cfg *gr = !strcmp(grid, "full") ? full : !strcmp(grid, "one") ? &GRID_SMALL[3] : GRID_SMALL;
+    const int n_gr = !strcmp(grid, "full") ? n_full : !strcmp(grid, "one") ? 1 : (int)(sizeof GRID_SMALL / sizeof GRID_SMALL[0]);
 
     prompts p = {0};
     if (read_prompts(prompts_path, limit, tc->vocab_size, &p) || !p.n) {
@@ -250,21 +263,24 @@ int main(int argc, char **argv) {
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL, *md = md_path ? fopen(md_path, "w") : NULL;
     if ((csv_path && !csv) || (md_path && !md)) { fprintf(stderr, "bench_drafters: cannot write the outputs\n"); return 1; }
     if (csv)
-        fprintf(csv, "backend,dtype,batch,drafter,D,K,N,prompts,tokens,seconds,tokens_per_s,speedup,mean_accepted,"
+        fprintf(csv, "backend,dtype,temperature,top_p,batch,drafter,D,K,N,prompts,tokens,seconds,tokens_per_s,speedup,mean_accepted,"
                      "tokens_per_step,equal_greedy,parted,first_part\n");
-    char head[8192];
+    char head[8192], sampling[96] = "greedy";
+    if (g_temp > 0.0f)
+        snprintf(sampling, sizeof sampling, "sampled at T=%g top_p=%g (seeds %llu + prompt index)", (double)g_temp,
+                 (double)g_top_p, (unsigned long long)g_seed);
     snprintf(head, sizeof head,
              "# bench_drafters: %s, %s backend, %s\n\nTarget %s: %d layers, hidden %d, %d experts (top %d), vocab %d. Draft "
-             "model: %s. Prompts: %s (%d read), %d new tokens each, greedy. Grid: %s.\n\n"
+             "model: %s. Prompts: %s (%d read), %d new tokens each, %s. Grid: %s.\n\n"
              "| batch | drafter | D | K | N | prompts | tokens/s | vs none | accepted | tok/step | = greedy | parts at |\n"
              "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
              model_dir, kdt_backend_name(be), kdt_dtype_name(kdt_model_dtype(target)), model_dir, tc->num_hidden_layers,
              tc->hidden_size, tc->n_routed_experts, tc->num_experts_per_tok, tc->vocab_size, draft_dir ? draft_dir : "none",
-             prompts_path, p.n, max_new, grid);
+             prompts_path, p.n, max_new, sampling, grid);
     fputs(head, stdout);
     if (md) fputs(head, md);
 
-    char best[16][160];
+    char best[16][400];
     int skipped = 0;
     for (int bi = 0; bi < n_b; bi++) {
         const int B = batches[bi];
@@ -305,8 +321,8 @@ int main(int argc, char **argv) {
                 fflush(stdout);
                 if (md) fputs(row, md);
                 if (csv)
-                    fprintf(csv, "%s,%s,%d,%s,%d,%d,%d,%d,%lld,%.4f,%.2f,%.4f,%.4f,%.4f,%d,%d,%d\n", kdt_backend_name(be),
-                            kdt_dtype_name(kdt_model_dtype(target)), B, dr[di].name, di ? c->D : 0, di ? c->K : 0,
+                    fprintf(csv, "%s,%s,%g,%g,%d,%s,%d,%d,%d,%d,%lld,%.4f,%.2f,%.4f,%.4f,%.4f,%d,%d,%d\n", kdt_backend_name(be),
+                            kdt_dtype_name(kdt_model_dtype(target)), (double)g_temp, (double)g_top_p, B, dr[di].name, di ? c->D : 0, di ? c->K : 0,
                             di ? c->N : 0, n, (long long)t.tokens, t.seconds, tps, base > 0 ? tps / base : 0, acc, tok_step,
                             t.equal, t.parted, t.parted ? t.first_part : -1);
                 if (tps > best_tps) {
