@@ -43,7 +43,7 @@ step() {  # step NAME TIMEOUT CMD...: CMD with a time limit (cut to what is left
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$LOGS/info.log" 2>&1
 note "gpu: $(head -1 "$LOGS/info.log"); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 T="$BUILD/tests/test_tree_sample_accept $BUILD/tests/test_sample_stats $BUILD/tests/test_sample_drafter"
-B="$BUILD/bench/bench_sample_accept $BUILD/bench/bench_drafters $BUILD/bench/bench_sample_dist"
+B="$BUILD/bench/bench_sample_accept $BUILD/bench/bench_drafters $BUILD/bench/bench_sample_dist $BUILD/kdt"
 step build 180 make -j16 "${MAKEVARS[@]}" $T $B \
     || { tail -30 "$LOGS/build.log"; printf '%s\n' "${summary[@]}"; exit 1; }
 
@@ -58,6 +58,12 @@ step test_sample_drafter 60 "$BUILD/tests/test_sample_drafter"
 grep -E '^(PASS|FAIL)  .*cuda' "$LOGS/test_sample_drafter.log" | cut -c1-200
 step test_sample_stats 60 "$BUILD/tests/test_sample_stats"
 grep -E '^FAIL|wrong rule' "$LOGS/test_sample_stats.log" | grep cuda | head -4 | cut -c1-200
+for run in 1 2; do  # the sampled model drafter on cuda: the same seed twice, the same tokens
+    timeout 30 "$BUILD/kdt" generate --backend cuda --prompt-ids 5,6,7,5,6,7,5,6 --max-new 24 --spec model --temperature 0.8 \
+        --top-k 40 --top-p 0.95 --seed 7 >"$LOGS/generate_model_$run.txt" 2>>"$LOGS/generate.log"
+done
+cmp -s "$LOGS/generate_model_1.txt" "$LOGS/generate_model_2.txt" && [ -s "$LOGS/generate_model_1.txt" ] && r=same || r=DIFFERENT
+note "kdt generate --spec model --temperature 0.8 --seed 7 twice on cuda: $r ($(head -c 60 "$LOGS/generate_model_1.txt"))"
 
 # The temperature table on the shipped model: one batch of the first 8 held-out prompts, 96 tokens.
 M=models/kdt-small
