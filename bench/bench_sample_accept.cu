@@ -11,8 +11,8 @@
  * The floor is the bytes of the rows the walk needs (sum of accept_len + 1 over the requests,
  * times V * 4) at the copy's read bandwidth; "read once" is the whole logits tensor at that
  * bandwidth (half the copy's time: a copy reads and writes). Configurations with top-k or top-p
- * are timed a second time with the filters' previous path (radix selects over every row,
- * kdt_tree_sample_accept_cuda_radix), whose outputs must be the same. */
+ * or draft_probs are timed a second time with the previous kernel (radix selects over every row, the
+ * draft row in a pass of its own: kdt_tree_sample_accept_cuda_radix), whose outputs must be the same. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,7 +121,7 @@ static void run_shape(timer *tm, int B, int N, int V, uint64_t *rng) {
     const double read_once_us = bqv * 4 / read_bw * 1e6;
     bench_emit(g_out, "\n### B=%d N=%d V=%d: logits %.1f MB; device copy %.1f us (%.0f GB/s each way), read once %.1f us\n\n",
                B, N, V, bqv * 4 / 1e6, copy_us, read_bw / 1e9, read_once_us);
-    bench_emit(g_out, "| config | time us | mean accept_len | rows read once MB | floor us | x floor | x read once | radix selects us | x read once | same outputs |\n");
+    bench_emit(g_out, "| config | time us | mean accept_len | rows read once MB | floor us | x floor | x read once | previous kernel us | x read once | same outputs |\n");
     bench_emit(g_out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     static const struct { const char *name; float T, P; int K, draft; } cfg[] = {
         {"T=1", 1.0f, 1.0f, 0, 0},          {"T=1 top_k=50", 1.0f, 1.0f, 50, 0}, {"T=1 top_p=0.9", 1.0f, 0.9f, 0, 0},
@@ -147,7 +147,7 @@ static void run_shape(timer *tm, int B, int N, int V, uint64_t *rng) {
         const double bytes = rows * V * 4, floor_us = bytes / read_bw * 1e6;
         bench_emit(g_out, "| %s | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f |", cfg[c].name, us, rows / B - 1, bytes / 1e6,
                    floor_us, us / floor_us, us / read_once_us);
-        if (cfg[c].K > 0 || cfg[c].P < 1.0f) { /* before / after: the radix selects over every row */
+        if (cfg[c].K > 0 || cfg[c].P < 1.0f || cfg[c].draft) { /* before / after: the previous kernel */
             const float ur = time_op(tm, &p, 1);
             CK(cudaMemcpy(h_out2, out, (2 * bq + 2 * B) * 4, cudaMemcpyDeviceToHost));
             const int same = !memcmp(h_out, h_out2, (2 * bq + 2 * B) * 4);

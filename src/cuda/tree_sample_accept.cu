@@ -4,7 +4,7 @@
  * and one or two passes that gather the keys of the bin where a cut falls, whose exact threshold a
  * radix select in shared memory finds (the radix selects over the whole row, 8 bits a pass, where
  * a bin overflows: kdt_tree_sample_accept_cuda_radix takes them always, for the bench); else
- * the sum of weights; and for the bonus token an inverse-CDF pass (per-warp segment sums, then
+ * the sum of weights; with draft_probs, the draft row's weights read in the max pass; and for the bonus token an inverse-CDF pass (per-warp segment sums, then
  * one warp scans its segment). Every decision uses the integer weights and draws of
  * common/sample_math.h, so the outputs equal the CPU reference's bit for bit: sums of u64 weights
  * are exact in any order. The tree (tokens, parents, child lists) sits in shared memory.

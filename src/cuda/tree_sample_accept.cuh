@@ -51,20 +51,27 @@ struct Dist {
     __device__ u64 w(int v) const { return w_of(__ldg(row + v)); }
 };
 
-/* f(v, x[v]) for this thread's elements v = threadIdx.x + i * kThreads of x [V], kUnroll loads
- * issued before any is used (one SM pulls a row: the loads in flight set its bandwidth). The
- * order of the calls is not the token order; every use here is order-free (max, u64 sums). */
+/* f(v, x[v], y[v]) for this thread's elements v = threadIdx.x + i * kThreads of x [V] (and y [V]
+ * when kTwo), kUnroll loads a row issued before any is used (one SM pulls a row: the loads in flight
+ * set its bandwidth). The order of the calls is not the token order; every use here is order-free
+ * (max, u64 sums). */
 constexpr int kUnroll = 8;
-template <typename F> __device__ void for_row(const float *x, int V, F f) {
+template <bool kTwo, typename F> __device__ void for_rows(const float *x, const float *y, int V, F f) {
     int v = threadIdx.x;
     for (; v + (kUnroll - 1) * kThreads < V; v += kUnroll * kThreads) {
-        float r[kUnroll];
+        float r[kUnroll], q[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) r[u] = __ldg(x + v + u * kThreads);
 #pragma unroll
-        for (int u = 0; u < kUnroll; u++) f(v + u * kThreads, r[u]);
+        for (int u = 0; u < kUnroll; u++) q[u] = kTwo ? __ldg(y + v + u * kThreads) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) f(v + u * kThreads, r[u], q[u]);
     }
-    for (; v < V; v += kThreads) f(v, __ldg(x + v));
+    for (; v < V; v += kThreads) f(v, __ldg(x + v), kTwo ? __ldg(y + v) : 0.0f);
+}
+
+template <typename F> __device__ void for_row(const float *x, int V, F f) {
+    for_rows<false>(x, x, V, [&](int v, float a, float) { f(v, a); });
 }
 
 __device__ u64 warp_sum(u64 x) {
@@ -356,7 +363,8 @@ __device__ void try_children(Smem &s, const Dist &d, const float *qrow, int cur,
 }
 
 /* Request b, by the whole block; s is the block's shared memory. */
-/* coarse: the filters' coarse pass (else the radix selects over the row, kept for the bench's
+/* coarse: the filters' coarse pass and the draft row read in the max pass (else the radix selects
+ * over the row and a pass of its own for the draft row: the previous kernel, kept for the bench's
  * before / after; both give the same bits). */
 __device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int b, bool coarse = true) {
     const int Q = p.Q, V = p.V, tid = threadIdx.x;
@@ -398,7 +406,16 @@ __device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int
         } else {
             Dist d = {row, T, 0.0f, 0u};
             float m = -INFINITY;
-            for_row(row, V, [&](int, float x) { m = fmaxf(m, kdt_sample_key(x, T)); });
+            const float *qrow = p.draft_probs ? p.draft_probs + (row0 + cur) * V : nullptr;
+            const bool with_q = qrow && status == 0, fused = with_q && coarse;
+            u64 qpart = 0; /* the draft row's weights, read beside the logits when fused */
+            if (fused)
+                for_rows<true>(row, qrow, V, [&](int, float x, float q) {
+                    m = fmaxf(m, kdt_sample_key(x, T));
+                    qpart += kdt_draft_weight(q);
+                });
+            else
+                for_row(row, V, [&](int, float x) { m = fmaxf(m, kdt_sample_key(x, T)); });
             d.m = block_max(s, m);
             const bool fk = K > 0 && K < V, fp = P < 1.0f;
             u64 Z = 0, part = 0;
@@ -412,12 +429,10 @@ __device__ void tsa_request(const kdt_tree_sample_accept_params &p, Smem &s, int
                     Z = s.Z;
                 }
             }
-            const float *qrow = p.draft_probs ? p.draft_probs + (row0 + cur) * V : nullptr;
             u64 Qz = 0;
-            if (qrow && status == 0) {
-                part = 0;
-                for_row(qrow, V, [&](int, float x) { part += kdt_draft_weight(x); });
-                Qz = block_sum(s, part);
+            if (with_q) {
+                if (!fused) for_row(qrow, V, [&](int, float x) { qpart += kdt_draft_weight(x); });
+                Qz = block_sum(s, qpart);
             }
             if (tid == 0) s.Qz = Qz, s.Zr = Z;
             __syncthreads();
