@@ -1,13 +1,14 @@
-/* tree_sample_accept CUDA (docs/interfaces.md 2.4; docs/sampling.md). One block of 1024 threads per request
- * walks the tree; each visited node's logits row is read by V-parallel passes: its largest key,
- * then, only where a filter is on, a histogram of counts and weights over coarse bins of m - key
+/* tree_sample_accept CUDA (docs/interfaces.md 2.4; docs/sampling.md). One block of 1024 threads per
+ * request walks the tree; each visited node's logits row is read by V-parallel passes: its largest
+ * key, then, only where a filter is on, a histogram of counts and weights over coarse bins of m - key
  * and one or two passes that gather the keys of the bin where a cut falls, whose exact threshold a
- * radix select in shared memory finds (the radix selects over the whole row, 8 bits a pass, where
- * a bin overflows: kdt_tree_sample_accept_cuda_radix takes them always, for the bench); else
- * the sum of weights; with draft_probs, the draft row's weights read in the max pass; and for the bonus token an inverse-CDF pass (per-warp segment sums, then
- * one warp scans its segment). Every decision uses the integer weights and draws of
- * common/sample_math.h, so the outputs equal the CPU reference's bit for bit: sums of u64 weights
- * are exact in any order. The tree (tokens, parents, child lists) sits in shared memory.
+ * radix select in shared memory finds (the radix selects over the whole row, 8 bits a pass, where a
+ * bin overflows: kdt_tree_sample_accept_cuda_radix takes them always, for the bench); else the sum of
+ * weights; with draft_probs, the draft row's weights read in the max pass; and for the bonus token an
+ * inverse-CDF pass (per-warp segment sums, then one warp scans its segment). Every decision uses the
+ * integer weights and draws of common/sample_math.h, so the outputs equal the CPU reference's bit for
+ * bit: sums of u64 weights are exact in any order. The tree (tokens, parents, child lists) sits in
+ * shared memory.
  *
  * Safe on any input: parents are range-checked before any use, the walk takes at most num_nodes
  * steps (each moves to a higher node index), tokens outside [0, V) weigh 0 and are never read. */

@@ -1,11 +1,12 @@
 /* The model drafter: a small model of the target's vocabulary, run for D steps per verification,
  * greedily, or for a request that samples drawing its candidates from softmax(logits / T)
- * (kdt_spec_sample_*: the distributions go to ctx->probs for tree_sample_accept). Its cache holds each request's history up to (not including) the root, plus the
- * D - 1 chain tokens it fed while drafting; observe keeps the chain rows the target confirmed and
- * drops the rest, so the next propose feeds only the tokens the cache lacks (the rest of the
- * accepted path, then the new root) in one chain forward, then D - 1 single-row steps. The
- * logits stay in the backend's memory and the top-K runs there, writing the candidates in place;
- * on CUDA only each depth's top tokens come back (the next forward's rows are host memory). */
+ * (kdt_spec_sample_*: the distributions go to ctx->probs for tree_sample_accept). Its cache holds each
+ * request's history up to (not including) the root, plus the D - 1 chain tokens it fed while drafting;
+ * observe keeps the chain rows the target confirmed and drops the rest, so the next propose feeds only
+ * the tokens the cache lacks (the rest of the accepted path, then the new root) in one chain forward,
+ * then D - 1 single-row steps. The logits stay in the backend's memory and the top-K runs there,
+ * writing the candidates in place; on CUDA only each depth's top tokens come back (the next forward's
+ * rows are host memory). */
 #include <stdlib.h>
 #include <string.h>
 
