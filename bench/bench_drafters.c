@@ -6,7 +6,8 @@
  *   build/bench/bench_drafters --model DIR [--draft-model DIR] [--prompts FILE] [--limit 200]
  *        [--limits 16,64,200] [--batches 1,8,32] [--max-new 96] [--grid small|full]
  *        [--prefix-layers 1,2] [--drafters none,lookup,model,prefix-1,dflash,mtp,...] [--backend cpu|cuda]
- *        [--dflash DIR] [--mtp DIR] [--temperature T] [--csv FILE] [--out FILE] [--time-budget S]
+ *        [--dflash DIR] [--mtp DIR] [--temperature T] [--top-p P] [--seed S] [--csv FILE] [--out FILE]
+ *        [--time-budget S]
  *
  * Prompts: FILE holds one prompt per line, token ids separated by spaces (python/train_small_model.py
  * writes models/kdt-small/heldout_prompts.ids so). --limit caps how many are read; --limits, one per
@@ -17,10 +18,11 @@
  * is the reference). The CPU forward is single-threaded, so a machine
  * with many cores runs one process per drafter and batch size (scripts/gpu_drafters.sh does).
  * Grid (D, K, N): small: (4,1,4) (8,1,8) (4,2,8) (8,2,16) (8,4,32); full: D in {4, 8}, K in {1, 2, 4},
- * N in {8, 16, 32}; ct: chain against tree verification at the same verify budget N: (4,1,4) (4,4,4)
+ * N in {8, 16, 32}; one: (8,2,16); ct: chain against tree verification at the same verify budget N: (4,1,4) (4,4,4)
  * (7,1,7) (7,4,7), then trees past a block's reach (7,4,16) (7,8,32) (D <= 7: DFlash's block of 8).
  * A (D, K, N) a drafter refuses (a depth past its block) is reported as skipped.
- * --temperature T > 0: every request samples (seed = its prompt's index); the "= greedy" column then
+ * --temperature T > 0: every request samples (with --top-p P, default 1; prompt i's seed is S + i, --seed
+ * default 0; the model drafter draws its children: docs/sampling.md); the "= greedy" column then
  * compares with the none run at the same temperature and seeds, which a drafter changes (sampling
  * is lossless in distribution, not token for token: docs/sampling.md).
  * The backend's default precision: CUDA bf16, CPU f32. tokens/s: generated tokens (the prefill's
@@ -81,6 +83,9 @@ static int parse_list(const char *arg, int *out, int max) {
     return n;
 }
 
+static float g_top_p = 1.0f; /* --top-p and --seed of every sampling request */
+static uint64_t g_seed = 0;
+
 /* Runs prompts [0, n) in batches of B; outputs go to out[i] (max_new each). A failure (a setting the
  * drafter refuses) comes back in *st. */
 static totals run_all(kdt_model *m, kdt_drafter *d, const cfg *c, int B, const prompts *p, int n, int max_new, float temp,
@@ -94,7 +99,8 @@ static totals run_all(kdt_model *m, kdt_drafter *d, const cfg *c, int B, const p
         const int nb = n - i0 < B ? n - i0 : B;
         for (int b = 0; b < nb; b++)
             req[b] = (kdt_spec_request){.prompt = p->ids[i0 + b], .prompt_len = p->len[i0 + b], .max_new = max_new,
-                                        .out = out[i0 + b], .temperature = temp, .seed = (uint64_t)(i0 + b)};
+                                        .out = out[i0 + b], .temperature = temp, .top_p = g_top_p,
+                                        .seed = g_seed + (uint64_t)(i0 + b)};
         kdt_spec_stats st;
         kdt_status s = kdt_spec_generate(m, d, &par, nb, req, &st, NULL);
         if (s != KDT_OK && d) { *st_out = s; break; }
@@ -138,6 +144,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--csv")) csv_path = v;
         else if (!strcmp(a, "--out")) md_path = v;
         else if (!strcmp(a, "--time-budget")) budget = atof(v);
+        else if (!strcmp(a, "--top-p")) g_top_p = (float)atof(v);
+        else if (!strcmp(a, "--seed")) g_seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--backend")) {
             be_given = 1;
             if (!strcmp(v, "cpu")) be = KDT_BACKEND_CPU;
@@ -145,10 +153,12 @@ int main(int argc, char **argv) {
             else { fprintf(stderr, "bench_drafters: --backend takes cpu or cuda, not %s\n", v); return 2; }
         } else { fprintf(stderr, "bench_drafters: unknown option %s\n", a); return 2; }
     }
-    if (!model_dir || limit < 1 || max_new < 1 || temp < 0 || (strcmp(grid, "small") && strcmp(grid, "full") && strcmp(grid, "ct"))) {
+    if (!model_dir || limit < 1 || max_new < 1 || !(temp >= 0.0f) || !(g_top_p > 0.0f && g_top_p <= 1.0f) ||
+        (strcmp(grid, "small") && strcmp(grid, "full") && strcmp(grid, "ct") && strcmp(grid, "one"))) {
         fprintf(stderr, "usage: bench_drafters --model DIR [--draft-model DIR] [--prompts FILE] [--limit N] [--limits 16,64,200]\n"
                         "       [--batches 1,8,32] [--max-new 96] [--grid small|full|ct] [--prefix-layers 1,2]\n"
                         "       [--drafters none,lookup,model,prefix-1,dflash,mtp,...] [--dflash DIR] [--mtp DIR] [--temperature T]\n"
+                        "       [--top-p P] [--seed S]\n"
                         "       [--backend cpu|cuda] [--csv FILE] [--out FILE] [--time-budget S]\n");
         return 2;
     }
@@ -212,10 +222,11 @@ int main(int argc, char **argv) {
     for (int D = 4; D <= 8; D += 4)
         for (int K = 1; K <= 4; K *= 2)
             for (int N = 8; N <= 32; N *= 2) full[n_full++] = (cfg){D, K, N};
-    const cfg *gr = !strcmp(grid, "full") ? full : !strcmp(grid, "ct") ? GRID_CT : GRID_SMALL;
+    const cfg *gr = !strcmp(grid, "full") ? full : !strcmp(grid, "ct") ? GRID_CT : !strcmp(grid, "one") ? &GRID_SMALL[3] : GRID_SMALL;
     const int n_gr = !strcmp(grid, "full") ? n_full
-                     : !strcmp(grid, "ct") ? (int)(sizeof GRID_CT / sizeof GRID_CT[0])
-                                           : (int)(sizeof GRID_SMALL / sizeof GRID_SMALL[0]);
+                     : !strcmp(grid, "ct")  ? (int)(sizeof GRID_CT / sizeof GRID_CT[0])
+                     : !strcmp(grid, "one") ? 1
+                                            : (int)(sizeof GRID_SMALL / sizeof GRID_SMALL[0]);
 
     prompts p = {0};
     if (read_prompts("bench_drafters", prompts_path, limit, tc->vocab_size, &p) || !p.n) {
@@ -237,7 +248,7 @@ int main(int argc, char **argv) {
         fprintf(csv, "backend,dtype,batch,drafter,D,K,N,prompts,tokens,seconds,tokens_per_s,speedup,mean_accepted,"
                      "tokens_per_step,equal_greedy,parted,first_part,verify,temperature\n");
     char head[8192], temp_desc[64] = "greedy";
-    if (temp > 0) snprintf(temp_desc, sizeof temp_desc, "temperature %.2f", temp);
+    if (temp > 0) snprintf(temp_desc, sizeof temp_desc, "temperature %.2f top_p %.2f seeds %llu + i", temp, g_top_p, (unsigned long long)g_seed);
     snprintf(head, sizeof head,
              "# bench_drafters: %s, %s backend, %s\n\nTarget %s: %d layers, hidden %d, %d experts (top %d), vocab %d. Draft "
              "model: %s. DFlash: %s. MTP: %s. Prompts: %s (%d read), %d new tokens each, %s. Grid: %s.\n\n"

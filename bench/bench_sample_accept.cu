@@ -10,7 +10,9 @@
  * that flushes L2 (the rows a launch reads would otherwise stay in L2 from the last one).
  * The floor is the bytes of the rows the walk needs (sum of accept_len + 1 over the requests,
  * times V * 4) at the copy's read bandwidth; "read once" is the whole logits tensor at that
- * bandwidth (half the copy's time: a copy reads and writes). */
+ * bandwidth (half the copy's time: a copy reads and writes). Configurations with top-k or top-p
+ * or draft_probs are timed a second time with the previous kernel (radix selects over every row, the
+ * draft row in a pass of its own: kdt_tree_sample_accept_cuda_radix), whose outputs must be the same. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,7 @@
 
 #include "bench_common.h"
 #include "kdt/ops.h"
+#include "ops/backends.h" /* kdt_tree_sample_accept_cuda_radix: the filters' previous path, for before / after */
 
 static FILE *g_out;
 static int g_iters = 20;
@@ -61,7 +64,8 @@ template <class Launch> static float time_median(timer *tm, Launch launch) {
     return m;
 }
 
-static float time_op(timer *tm, const kdt_tree_sample_accept_params *p) {
+static float time_op(timer *tm, const kdt_tree_sample_accept_params *p, int radix) {
+    if (radix) return time_median(tm, [&] { KCK(kdt_tree_sample_accept_cuda_radix(p, NULL)); });
     return time_median(tm, [&] { KCK(kdt_tree_sample_accept(p, KDT_BACKEND_CUDA, NULL)); });
 }
 
@@ -117,8 +121,8 @@ static void run_shape(timer *tm, int B, int N, int V, uint64_t *rng) {
     const double read_once_us = bqv * 4 / read_bw * 1e6;
     bench_emit(g_out, "\n### B=%d N=%d V=%d: logits %.1f MB; device copy %.1f us (%.0f GB/s each way), read once %.1f us\n\n",
                B, N, V, bqv * 4 / 1e6, copy_us, read_bw / 1e9, read_once_us);
-    bench_emit(g_out, "| config | time us | mean accept_len | rows read once MB | floor us | x floor | x read once |\n");
-    bench_emit(g_out, "|---|---:|---:|---:|---:|---:|---:|\n");
+    bench_emit(g_out, "| config | time us | mean accept_len | rows read once MB | floor us | x floor | x read once | previous kernel us | x read once | same outputs |\n");
+    bench_emit(g_out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     static const struct { const char *name; float T, P; int K, draft; } cfg[] = {
         {"T=1", 1.0f, 1.0f, 0, 0},          {"T=1 top_k=50", 1.0f, 1.0f, 50, 0}, {"T=1 top_p=0.9", 1.0f, 0.9f, 0, 0},
         {"T=0.6 top_k=50 top_p=0.9", 0.6f, 0.9f, 50, 0}, {"T=1 sampled (draft_probs)", 1.0f, 1.0f, 0, 1},
@@ -126,6 +130,7 @@ static void run_shape(timer *tm, int B, int N, int V, uint64_t *rng) {
     };
     float *h_f = (float *)malloc(B * 4);
     int32_t *h_i = (int32_t *)malloc(B * 4), *h_len = (int32_t *)malloc(B * 4);
+    int32_t *h_out = (int32_t *)malloc((2 * bq + 2 * B) * 4), *h_out2 = (int32_t *)malloc((2 * bq + 2 * B) * 4);
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         for (int b = 0; b < B; b++) h_f[b] = cfg[c].T, h_i[b] = cfg[c].K;
         CK(cudaMemcpy(temp, h_f, B * 4, cudaMemcpyHostToDevice));
@@ -134,15 +139,24 @@ static void run_shape(timer *tm, int B, int N, int V, uint64_t *rng) {
         CK(cudaMemcpy(topp, h_f, B * 4, cudaMemcpyHostToDevice));
         kdt_tree_sample_accept_params p = {B, Q, V, d_tok, d_par, d_num, lg, cfg[c].draft ? q : NULL, temp, topk, topp, seed,
                                            out, out + B, out + B + bq, out + B + 2 * bq};
-        const float us = time_op(tm, &p);
+        const float us = time_op(tm, &p, 0);
         CK(cudaMemcpy(h_len, out, B * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h_out, out, (2 * bq + 2 * B) * 4, cudaMemcpyDeviceToHost));
         double rows = 0;
         for (int b = 0; b < B; b++) rows += h_len[b] + 1;
         const double bytes = rows * V * 4, floor_us = bytes / read_bw * 1e6;
-        bench_emit(g_out, "| %s | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f |\n", cfg[c].name, us, rows / B - 1, bytes / 1e6,
+        bench_emit(g_out, "| %s | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f |", cfg[c].name, us, rows / B - 1, bytes / 1e6,
                    floor_us, us / floor_us, us / read_once_us);
+        if (cfg[c].K > 0 || cfg[c].P < 1.0f || cfg[c].draft) { /* before / after: the previous kernel */
+            const float ur = time_op(tm, &p, 1);
+            CK(cudaMemcpy(h_out2, out, (2 * bq + 2 * B) * 4, cudaMemcpyDeviceToHost));
+            const int same = !memcmp(h_out, h_out2, (2 * bq + 2 * B) * 4);
+            bench_emit(g_out, " %.1f | %.2f | %s |\n", ur, ur / read_once_us, same ? "yes" : "NO");
+        } else {
+            bench_emit(g_out, " - | - | - |\n");
+        }
     }
-    free(h_f), free(h_i), free(h_len), free(h_seed), free(tok), free(par), free(num), free(at);
+    free(h_f), free(h_i), free(h_len), free(h_out), free(h_out2), free(h_seed), free(tok), free(par), free(num), free(at);
     cudaFree(lg), cudaFree(q), cudaFree(copy), cudaFree(d_tok), cudaFree(d_par), cudaFree(d_num), cudaFree(d_at);
     cudaFree(temp), cudaFree(topk), cudaFree(topp), cudaFree(seed), cudaFree(out);
 }

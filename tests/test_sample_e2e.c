@@ -1,15 +1,15 @@
 /* Sampling end to end on the built-in model: the first two generated tokens of one
  * prompt over many seeds, plain sampling against speculative decoding with the model drafter
- * (drafting with the target itself, so that its top-K children are often accepted, and when
- * rejected leave a residual that differs from the target), compared by a two-sample chi-square
- * test of the joint (t1, t2) counts; the first
+ * (drafting with the target itself: its children are drawn from the unfiltered softmax at the
+ * request's temperature, often accepted, and when rejected leave a residual that differs from the
+ * target), compared by a two-sample chi-square test of the joint (t1, t2) counts; the first
  * token is the same draw in every mode (the prefill samples it through the same op and seed);
  * the same seeds give the same tokens run to run.
  *
  * Left out, as they would compare plain sampling with itself: the lookup drafter (after a sampled
  * first token that the prompt lacks it proposes nothing, and a tree of just the root gives plain
- * sampling's draw exactly) and a draft model that differs from the built-in target (its top-K
- * fall outside the target's top 6, weigh 0, and leave the residual equal to the target).
+ * sampling's draw exactly). A draft model that differs from the target, against the target's exact
+ * distribution, is tests/test_sample_drafter.c's.
  * Sizes: T = 0.5, top_k = 6, so (t1, t2) has at most 36 categories; n requests per mode (cpu
  * 256, cuda 6144), categories pooled below 10 expected, failing at p < 1e-4. The cpu size catches
  * gross errors only (a total-variation bias of ~20%); the cuda run on the GPU machine resolves

@@ -173,6 +173,7 @@ int main() {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     printf("inputs: splitmix64 state %llu (KDT_SEED replays)\n", (unsigned long long)g_rng);
     check(2, 9, 8197, false); /* V past 8 x 1024: the unrolled loads; a block is ~1 to 4 s here */
+    check(2, 9, 8197, true);  /* the same with the draft row read beside the logits */
     check(3, 17, 61, true);
     check(2, 33, 1027, false);
     check(2, 9, 300, true);

@@ -41,6 +41,12 @@ typedef struct kdt_draft_ctx {
     const int32_t *slot;            /* [B] */
     const int32_t *const *history;  /* [B] each request's tokens, host */
     const int32_t *hist_len;        /* [B] >= 1; the root is history[b][hist_len[b] - 1] */
+    /* Sampling, given to a drafter with `sampled` when some request of the step samples (else NULL):
+     * each request's temperature [B] (0: greedy) and this step's seed [B] (host), and probs
+     * [B, D, V] (backend memory) to write: see kdt_drafter.sampled. */
+    const float *temperature;
+    const uint64_t *seed;
+    float *probs;
 } kdt_draft_ctx;
 
 /* What a step (or the prefill) added, given to observe with the ctx of that step, hist_len
@@ -67,6 +73,14 @@ typedef struct kdt_drafter {
      * hidden_layers[0 .. n - 1] (kdt_model_set_hidden_layers), hidden [R, n * hidden_size]. */
     int32_t n_hidden_layers;
     const int32_t *hidden_layers;   /* [n_hidden_layers], the drafter's memory */
+    /* 0: the candidates are deterministic picks (top-K, n-gram counts): tree_sample_accept's rule for
+     * deterministic children, lossless whatever they are. 1: for a request with temperature > 0,
+     * propose draws depth d's K candidates i.i.d. from a distribution q_d that it writes to
+     * ctx->probs[b][d] (each row sums to 1; the loop hands it to tree_sample_accept as the
+     * draft_probs of every node of depth d), with scores that do not depend on the tokens drawn
+     * (tree_build must not choose among draws by their value); greedy requests get top-K as before.
+     * Lossless with sampled children (docs/sampling.md 4), and accepted more often at T > 0. */
+    int32_t sampled;
     /* A new run: every slot starts empty. May be called again for a later run. */
     kdt_status (*begin)(void *state, const kdt_draft_setup *setup);
     /* Writes scores f32 [B, D, K] (log-probabilities, non-increasing within each (b, d); -inf
@@ -86,9 +100,11 @@ typedef struct kdt_drafter {
  * extends the path for depth d + 1. Computed on the host, copied to the device on CUDA. */
 KDT_API kdt_status kdt_drafter_lookup(kdt_drafter **out);
 
-/* A draft model of the target's vocabulary run greedily for D steps over its own paged cache
- * (rolled back to the accepted tokens after each step): depth d's candidates are the top K of
- * its logits with log-softmax scores. `draft` stays the caller's; it must outlive the drafter. */
+/* A draft model of the target's vocabulary run for D steps over its own paged cache (rolled back
+ * to the accepted tokens after each step): depth d's candidates are the top K of its logits with
+ * log-softmax scores; for a request that samples (sampled = 1), K draws from softmax(logits / T)
+ * at the request's temperature, the first one fed to the next depth. `draft` stays the caller's;
+ * it must outlive the drafter. */
 KDT_API kdt_status kdt_drafter_model(kdt_model *draft, kdt_drafter **out);
 
 /* DFlash (z-lab's DFlashDraftModel checkpoint in dir; docs/spec.md): one forward of the block

@@ -19,6 +19,9 @@ kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void *stream);
 
 kdt_status kdt_tree_sample_accept_cpu(const kdt_tree_sample_accept_params *p);
 kdt_status kdt_tree_sample_accept_cuda(const kdt_tree_sample_accept_params *p, void *stream);
+/* The same with the filters by radix selects over the whole row (the path before the coarse
+ * pass; the same bits, slower): for bench_sample_accept's before / after. CUDA builds only. */
+kdt_status kdt_tree_sample_accept_cuda_radix(const kdt_tree_sample_accept_params *p, void *stream);
 
 kdt_status kdt_kv_commit_cpu(const kdt_kv_commit_params *p);
 kdt_status kdt_kv_commit_cuda(const kdt_kv_commit_params *p, void *stream);

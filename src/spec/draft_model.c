@@ -1,10 +1,12 @@
-/* The model drafter: a small model of the target's vocabulary, run greedily for D steps per
- * verification. Its cache holds each request's history up to (not including) the root, plus the
- * D - 1 chain tokens it fed while drafting; observe keeps the chain rows the target confirmed and
- * drops the rest, so the next propose feeds only the tokens the cache lacks (the rest of the
- * accepted path, then the new root) in one chain forward, then D - 1 single-row steps. The
- * logits stay in the backend's memory and the top-K runs there, writing the candidates in place;
- * on CUDA only each depth's top tokens come back (the next forward's rows are host memory). */
+/* The model drafter: a small model of the target's vocabulary, run for D steps per verification,
+ * greedily, or for a request that samples drawing its candidates from softmax(logits / T)
+ * (kdt_spec_sample_*: the distributions go to ctx->probs for tree_sample_accept). Its cache holds each
+ * request's history up to (not including) the root, plus the D - 1 chain tokens it fed while drafting;
+ * observe keeps the chain rows the target confirmed and drops the rest, so the next propose feeds only
+ * the tokens the cache lacks (the rest of the accepted path, then the new root) in one chain forward,
+ * then D - 1 single-row steps. The logits stay in the backend's memory and the top-K runs there,
+ * writing the candidates in place; on CUDA only each depth's top tokens come back (the next forward's
+ * rows are host memory). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +25,7 @@ typedef struct draft {
     int32_t *next;              /* [slots] each request's top candidate of the last depth */
     float *logits;              /* [slots, V] backend memory */
     int32_t *d_next;            /* [slots] device: the top candidates (CUDA) */
+    void *d_samp;               /* [slots] seeds u64, then temperatures f32 (CUDA) */
 } draft;
 
 static void draft_release(draft *r) {
@@ -31,6 +34,8 @@ static void draft_release(draft *r) {
     if (r->set.backend == KDT_BACKEND_CPU) free(r->logits);
     else kdt_dev_free(r->logits);
     kdt_dev_free(r->d_next);
+    kdt_dev_free(r->d_samp);
+    r->d_samp = NULL;
     r->cache = NULL;
     r->chain = r->rows = r->n_rows = r->next = r->d_next = NULL;
     r->logits = NULL;
@@ -57,6 +62,7 @@ static kdt_status draft_begin(void *state, const kdt_draft_setup *set) {
     if (set->backend == KDT_BACKEND_CPU) r->logits = malloc(S * r->V * sizeof *r->logits);
     else if ((s = kdt_dev_alloc((void **)&r->logits, S * r->V * sizeof *r->logits)) == KDT_OK)
         s = kdt_dev_alloc((void **)&r->d_next, S * sizeof *r->d_next);
+    if (s == KDT_OK && set->backend != KDT_BACKEND_CPU) s = kdt_dev_alloc(&r->d_samp, S * 12);
     if (s == KDT_OK && (!r->chain || !r->rows || !r->n_rows || !r->next || !r->logits))
         s = kdt_fail(KDT_ERR_NOMEM, "model drafter: out of memory for %d slots", set->slots);
     if (s != KDT_OK) draft_release(r);
@@ -71,18 +77,25 @@ static kdt_status step(draft *r, const kdt_draft_ctx *ctx, int with_logits) {
     return kdt_model_forward(r->m, r->cache, &bt, with_logits ? r->logits : NULL, NULL, r->set.stream);
 }
 
-/* Depth d's candidates from r->logits into scores / tokens [B, D, K], and each request's top
- * candidate into r->next (host). */
-static kdt_status candidates(draft *r, int32_t B, int32_t d, float *scores, int32_t *tokens) {
-    const int32_t D = r->set.D, K = r->set.K;
-    const int64_t dk = (int64_t)D * K;
+/* Depth d's candidates from r->logits into scores / tokens [B, D, K] (drawn for the requests that
+ * sample, when ctx carries probs), and each request's first candidate into r->next (host). */
+static kdt_status candidates(draft *r, const kdt_draft_ctx *ctx, int32_t d, float *scores, int32_t *tokens) {
+    const int32_t B = ctx->B, D = r->set.D, K = r->set.K;
+    const int64_t dk = (int64_t)D * K, dv = (int64_t)D * r->V;
+    float *sc = scores + (int64_t)d * K, *probs = ctx->probs ? ctx->probs + (int64_t)d * r->V : NULL;
+    int32_t *tk = tokens + (int64_t)d * K;
     if (r->set.backend == KDT_BACKEND_CPU) {
-        kdt_spec_topk_host(r->logits, B, r->V, K, scores + (int64_t)d * K, tokens + (int64_t)d * K, dk);
+        kdt_spec_topk_host(r->logits, B, r->V, K, sc, tk, dk);
+        if (probs) kdt_spec_sample_host(r->logits, B, r->V, K, d, ctx->temperature, ctx->seed, probs, dv, sc, tk, dk);
         for (int32_t b = 0; b < B; b++) r->next[b] = tokens[b * dk + (int64_t)d * K];
         return KDT_OK;
     }
-    kdt_status s = kdt_spec_topk_cuda(r->logits, B, r->V, K, scores + (int64_t)d * K, tokens + (int64_t)d * K, dk, r->d_next,
-                                      r->set.stream);
+    kdt_status s = kdt_spec_topk_cuda(r->logits, B, r->V, K, sc, tk, dk, r->d_next, r->set.stream);
+    if (s == KDT_OK && probs) {
+        const uint64_t *seed = r->d_samp;
+        s = kdt_spec_sample_cuda(r->logits, B, r->V, K, d, (const float *)(seed + B), seed, probs, dv, sc, tk, dk, r->d_next,
+                                 r->set.stream);
+    }
     if (s != KDT_OK || d == D - 1) return s; /* the last depth's top tokens feed nothing */
     return kdt_spec_copy(r->next, r->d_next, (size_t)B * sizeof *r->next, KDT_SPEC_D2H, r->set.stream);
 }
@@ -100,6 +113,12 @@ static kdt_status draft_propose(void *state, const kdt_draft_ctx *ctx, float *sc
         R += h - have;
     }
     kdt_status s = KDT_OK;
+    if (ctx->probs && r->set.backend != KDT_BACKEND_CPU) { /* the requests' seeds and temperatures, to the device */
+        uint64_t *seed = r->d_samp;
+        s = kdt_spec_copy(seed, ctx->seed, (size_t)ctx->B * sizeof *seed, KDT_SPEC_H2D, r->set.stream);
+        if (s == KDT_OK)
+            s = kdt_spec_copy(seed + ctx->B, ctx->temperature, (size_t)ctx->B * sizeof(float), KDT_SPEC_H2D, r->set.stream);
+    }
     for (int32_t d = 0; d < D && s == KDT_OK; d++) {
         if (d > 0) {
             for (int32_t b = 0; b < ctx->B; b++) {
@@ -108,7 +127,7 @@ static kdt_status draft_propose(void *state, const kdt_draft_ctx *ctx, float *sc
                 r->chain[(size_t)ctx->slot[b] * D + d - 1] = r->next[b];
             }
         }
-        if ((s = step(r, ctx, 1)) == KDT_OK) s = candidates(r, ctx->B, d, scores, tokens);
+        if ((s = step(r, ctx, 1)) == KDT_OK) s = candidates(r, ctx, d, scores, tokens);
     }
     return s;
 }
@@ -159,7 +178,7 @@ kdt_status kdt_drafter_model(kdt_model *m, kdt_drafter **out) {
     }
     r->m = m;
     r->V = kdt_model_get_config(m)->vocab_size;
-    *d = (kdt_drafter){.name = "model", .state = r, .begin = draft_begin, .propose = draft_propose, .observe = draft_observe,
+    *d = (kdt_drafter){.name = "model", .state = r, .sampled = 1, .begin = draft_begin, .propose = draft_propose, .observe = draft_observe,
                        .reset = draft_reset, .destroy = draft_destroy};
     *out = d;
     return KDT_OK;

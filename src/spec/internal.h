@@ -26,6 +26,27 @@ kdt_status kdt_spec_argmax_cuda(const float *x, int32_t V, int32_t Ba, int32_t Q
 kdt_status kdt_spec_topk_cuda(const float *x, int64_t R, int32_t V, int32_t K, float *scores, int32_t *tokens, int64_t stride,
                               int32_t *top1, void *stream);
 
+/* Sampled candidates (a model drafter's, docs/sampling.md 6). Per row r of x [R, V] with
+ * temperature[r] > 0: q = softmax(x / T) (the weights of common/sample_math.h over their sum) into
+ * probs row r (at r * pstride), and K tokens drawn i.i.d. from q's integer weights kdt_draft_weight
+ * (those tree_sample_accept reads) by inverse CDF in token order, draw k being
+ * kdt_sample_uniform(seed[r], 0, depth, k, KDT_SAMPLE_STREAM_DRAFT), into tokens [K] at r * stride
+ * with scores KDT_SPEC_SAMPLE_SCORE(k); top1[r] (device, may be NULL) = the first draw. Rows with
+ * temperature 0 get probs zero and keep their tokens and scores. temperature and seed [R] are host
+ * memory for the host version, device memory for the CUDA one. */
+void kdt_spec_sample_host(const float *x, int64_t R, int32_t V, int32_t K, int32_t depth, const float *temperature,
+                          const uint64_t *seed, float *probs, int64_t pstride, float *scores, int32_t *tokens, int64_t stride);
+kdt_status kdt_spec_sample_cuda(const float *x, int64_t R, int32_t V, int32_t K, int32_t depth, const float *temperature,
+                                const uint64_t *seed, float *probs, int64_t pstride, float *scores, int32_t *tokens,
+                                int64_t stride, int32_t *top1, void *stream);
+/* A sampled candidate's score depends on its rank k alone, never on the token drawn: tree_build's
+ * choice of nodes would otherwise favour some draws over others, and the children kept would no
+ * longer be i.i.d. draws from q (the condition of lossless acceptance). -(k + 1) ln 2. */
+#define KDT_SPEC_SAMPLE_SCORE(k) (-0.6931472f * (float)((k) + 1))
+
+/* dst [R, V]: row i = src row idx[i] (idx [R] device), zeros where idx[i] < 0. */
+kdt_status kdt_spec_gather_rows_cuda(const float *src, int32_t V, const int32_t *idx, int64_t R, float *dst, void *stream);
+
 /* Stream-ordered copies between host and device memory. D2H returns once the bytes are on the
  * host (it waits for the stream); H2D and D2D are queued on the stream (from pageable memory the
  * bytes have been staged when it returns, so the source may be reused). */

@@ -69,6 +69,14 @@ struct kdt_spec_session {
      * temperature f32, top_k i32, top_p f32 [Ba] each; one: the root-only trees of plain decoding,
      * node_token, node_parent, num_nodes, accept_len, status, accept_index, accept_tokens [Ba] each. */
     int sampling;
+    /* A sampled drafter's distributions, made at the first step that samples: probs [B, D, V]
+     * (what propose writes), draft_probs [B, Q, V] (per tree node, as tree_sample_accept reads
+     * them), gidx [B * Q] (each node's row of probs, -1: none); host: the drafter's temperatures and
+     * seeds [B] and gidx's host side. */
+    float *probs, *draft_probs;
+    int32_t *gidx, *h_gidx;
+    float *h_dtemp;
+    uint64_t *h_dseed;
     int hidden_layers;          /* the model was asked for the drafter's target layers (undone at free) */
     void *samp, *h_samp;
     int32_t *one, *h_one;
@@ -134,7 +142,8 @@ static kdt_status to_host(loop *L, void *dst, const void *src, size_t n) {
 static void loop_free(loop *L) {
     be_free(L, L->scores); be_free(L, L->dtok); be_free(L, L->roots); be_free(L, L->tree_io); be_free(L, L->tree_aux);
     be_free(L, L->pred); be_free(L, L->acc); be_free(L, L->logits); be_free(L, L->hidden); be_free(L, L->d_rows);
-    be_free(L, L->samp); be_free(L, L->one); host_free(L, L->h_samp, L->samp); host_free(L, L->h_one, L->one);
+    be_free(L, L->samp); be_free(L, L->one); be_free(L, L->probs); be_free(L, L->draft_probs); be_free(L, L->gidx);
+    host_free(L, L->h_gidx, L->gidx); free(L->h_dtemp); free(L->h_dseed); host_free(L, L->h_samp, L->samp); host_free(L, L->h_one, L->one);
     host_free(L, L->h_tree_io, L->tree_io); host_free(L, L->h_roots, L->roots); host_free(L, L->h_pred, L->pred);
     host_free(L, L->h_acc, L->acc);
     free(L->f_tok); free(L->f_pos); free(L->f_mask);
@@ -365,8 +374,32 @@ static kdt_status prefill(loop *L) {
 
 /* ---- one speculative step ---- */
 
+/* Whether this step's tree carries draft_probs: some request samples and the drafter samples too. */
+static int sampled_children(const loop *L) { return L->sampling && L->dr->sampled; }
+
 static kdt_status draft(loop *L) {
-    const kdt_draft_ctx ctx = ctx_of(L);
+    kdt_draft_ctx ctx = ctx_of(L);
+    if (sampled_children(L)) {
+        kdt_status s = KDT_OK;
+        const size_t B = (size_t)L->B, Q = (size_t)L->Q, V = (size_t)L->V;
+        if (!L->probs) { /* the first step that samples */
+            L->probs = be_alloc(L, B * L->D * V * sizeof(float), &s);
+            L->draft_probs = be_alloc(L, B * Q * V * sizeof(float), &s);
+            L->gidx = be_alloc(L, B * Q * sizeof(int32_t), &s);
+            L->h_gidx = host_alloc(L, L->gidx, B * Q * sizeof(int32_t), &s);
+            L->h_dtemp = host_alloc(L, NULL, B * sizeof(float), &s);
+            L->h_dseed = host_alloc(L, NULL, B * sizeof(uint64_t), &s);
+            if (s != KDT_OK) return s;
+        }
+        for (int32_t a = 0; a < L->Ba; a++) {
+            const kdt_spec_request *r = L->reqs[L->act[a]];
+            L->h_dtemp[a] = r->temperature;
+            L->h_dseed[a] = kdt_sample_step_seed(r->seed, (uint32_t)L->act_len[a]); /* the op's; the drafter draws on its own stream */
+        }
+        ctx.temperature = L->h_dtemp;
+        ctx.seed = L->h_dseed;
+        ctx.probs = L->probs;
+    }
     return L->dr->propose(L->dr->state, &ctx, L->scores, L->dtok);
 }
 
@@ -436,6 +469,29 @@ static kdt_status verify(loop *L) {
     return L->sampling ? KDT_OK : argmax(L, Q, !pad);
 }
 
+/* draft_probs [Ba, Q, V]: node i of request a (depth t = position - seq_len) gets the drafter's
+ * row (a, t), the distribution its children were drawn from; nodes at depth D and fill rows zeros. */
+static kdt_status gather_draft_probs(loop *L) {
+    const int32_t Ba = L->Ba, Q = L->Q, D = L->D;
+    const views v = tree_views(L, L->h_tree_io, L->h_acc);
+    for (int32_t a = 0; a < Ba; a++)
+        for (int32_t i = 0; i < Q; i++) {
+            const int32_t t = i <= v.num_nodes[a] ? v.positions[(size_t)a * Q + i] - L->h_roots[Ba + a] : -1;
+            L->h_gidx[(size_t)a * Q + i] = t >= 0 && t < D ? a * D + t : -1;
+        }
+    const size_t row = (size_t)L->V * sizeof(float);
+    if (L->be == KDT_BACKEND_CPU) {
+        for (size_t i = 0; i < (size_t)Ba * Q; i++) {
+            float *dst = L->draft_probs + i * L->V;
+            if (L->h_gidx[i] >= 0) memcpy(dst, L->probs + (size_t)L->h_gidx[i] * L->V, row);
+            else memset(dst, 0, row);
+        }
+        return KDT_OK;
+    }
+    kdt_status s = to_backend(L, L->gidx, L->h_gidx, (size_t)Ba * Q * sizeof(int32_t));
+    return s == KDT_OK ? kdt_spec_gather_rows_cuda(L->probs, L->V, L->gidx, (int64_t)Ba * Q, L->draft_probs, L->stream) : s;
+}
+
 /* tree_accept (tree_sample_accept when sampling), then the emitted tokens (accept_len + 1 per
  * request) onto the histories. */
 static kdt_status accept(loop *L) {
@@ -448,6 +504,10 @@ static kdt_status accept(loop *L) {
                                            .accept_len = v.accept_len, .accept_index = v.accept_index,
                                            .accept_tokens = v.accept_tokens, .status = v.status};
         s = sample_params(L, &p);
+        if (s == KDT_OK && sampled_children(L)) {
+            s = gather_draft_probs(L);
+            p.draft_probs = L->draft_probs;
+        }
         if (s == KDT_OK) s = kdt_tree_sample_accept(&p, L->be, L->stream);
     } else {
         const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = v.node_token, .node_parent = L->tree_aux,

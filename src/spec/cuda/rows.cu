@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "common/cuda/cuda_common.cuh"
+#include "common/sample_math.h"
 #include "spec/internal.h"
 
 namespace {
@@ -119,7 +120,74 @@ __global__ void topk_kernel(const float *__restrict__ x, int32_t V, int32_t K, f
     if (top1) top1[blockIdx.x] = found ? tk[0] : 0;
 }
 
+/* Row r as kdt_spec_sample_host: q = softmax(x / T) (each token's weight over their sum) into
+ * probs, then the K draws by inverse CDF over q's integer weights. Each thread owns a contiguous
+ * segment of the row (so that the prefix sums are per-thread sums, scanned once). */
+__global__ void sample_kernel(const float *__restrict__ x, int32_t V, int32_t K, int32_t depth, const float *__restrict__ temperature,
+                              const uint64_t *__restrict__ seed, float *__restrict__ probs, int64_t pstride,
+                              float *__restrict__ scores, int32_t *__restrict__ tokens, int64_t stride, int32_t *__restrict__ top1) {
+    __shared__ unsigned long long before[kThreads + 1];
+    const float *row = x + (int64_t)blockIdx.x * V, T = temperature[blockIdx.x];
+    float *q = probs + blockIdx.x * pstride;
+    if (!(T > 0.0f)) {
+        for (int j = threadIdx.x; j < V; j += kThreads) q[j] = 0.0f;
+        return;
+    }
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += kThreads) m = fmaxf(m, kdt_sample_key(row[j], T));
+    m = block_best({m, 0}, argmax_before).v;
+    const int seg = (V + kThreads - 1) / kThreads, lo = min(V, (int)threadIdx.x * seg), hi = min(V, lo + seg);
+    double part = 0;
+    for (int j = lo; j < hi; j++) part += q[j] = kdt_sample_weight(kdt_sample_key(row[j], T), m) * 0x1p-32f;
+    const double sum = block_sum(part);
+    unsigned long long w = 0;
+    for (int j = lo; j < hi; j++) w += kdt_draft_weight(q[j] = (float)(q[j] / sum));
+    before[threadIdx.x + 1] = w;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        before[0] = 0;
+        for (int t = 1; t <= kThreads; t++) before[t] += before[t - 1];
+    }
+    __syncthreads();
+    const unsigned long long Qz = before[kThreads];
+    for (int k = 0; k < K; k++) {
+        const double u = kdt_sample_uniform(seed[blockIdx.x], 0, (uint32_t)depth, (uint32_t)k, KDT_SAMPLE_STREAM_DRAFT);
+        const unsigned long long t = kdt_sample_target(u, Qz);
+        if (!(before[threadIdx.x] <= t && t < before[threadIdx.x + 1])) continue; /* one thread's segment holds t */
+        unsigned long long cum = before[threadIdx.x];
+        int v = lo;
+        while (v < hi - 1 && (cum += kdt_draft_weight(q[v])) <= t) v++;
+        tokens[blockIdx.x * stride + k] = v;
+        scores[blockIdx.x * stride + k] = KDT_SPEC_SAMPLE_SCORE(k);
+        if (k == 0 && top1) top1[blockIdx.x] = v;
+    }
+}
+
+/* dst row i = src row idx[i], or zeros where idx[i] < 0; rows of V floats. */
+__global__ void gather_kernel(const float *__restrict__ src, int32_t V, const int32_t *__restrict__ idx, float *__restrict__ dst) {
+    const int32_t s = idx[blockIdx.x];
+    float *d = dst + (int64_t)blockIdx.x * V;
+    for (int j = threadIdx.x; j < V; j += kThreads) d[j] = s >= 0 ? src[(int64_t)s * V + j] : 0.0f;
+}
+
 } // namespace
+
+extern "C" kdt_status kdt_spec_sample_cuda(const float *x, int64_t R, int32_t V, int32_t K, int32_t depth, const float *temperature,
+                                           const uint64_t *seed, float *probs, int64_t pstride, float *scores, int32_t *tokens,
+                                           int64_t stride, int32_t *top1, void *stream) {
+    if (R <= 0) return KDT_OK;
+    sample_kernel<<<(unsigned)R, kThreads, 0, (cudaStream_t)stream>>>(x, V, K, depth, temperature, seed, probs, pstride, scores,
+                                                                      tokens, stride, top1);
+    KDT_CUDA_CHECK_LAUNCH("spec sample");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_spec_gather_rows_cuda(const float *src, int32_t V, const int32_t *idx, int64_t R, float *dst, void *stream) {
+    if (R <= 0) return KDT_OK;
+    gather_kernel<<<(unsigned)R, kThreads, 0, (cudaStream_t)stream>>>(src, V, idx, dst);
+    KDT_CUDA_CHECK_LAUNCH("spec gather rows");
+    return KDT_OK;
+}
 
 extern "C" kdt_status kdt_spec_argmax_cuda(const float *x, int32_t V, int32_t Ba, int32_t Q, const int32_t *rows, int32_t *pred,
                                            void *stream) {
