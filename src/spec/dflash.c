@@ -164,6 +164,10 @@ static kdt_status dflash_begin(void *state, const kdt_draft_setup *set) {
     const dfl_config *c = &d->m->c;
     release(d);
     d->set = *set;
+    /* A request's context can pass prompt + max_new: its last step accepts up to D + 1 tokens, and the
+     * loop observes them all. */
+    d->set.max_len = set->max_len + set->D + 1;
+    set = &d->set;
     if (set->D > c->bs - 1)
         return kdt_fail(KDT_ERR_INVALID_ARG, "dflash drafter: depth %d exceeds block_size - 1 = %d", set->D, c->bs - 1);
     if (set->vocab_size != c->V || set->hidden_size != c->hid)

@@ -35,7 +35,7 @@ namespace {
 
 constexpr int kObsChunk = 256;  /* context rows per observe pass */
 constexpr int kAttnWarps = 4;
-constexpr int kMaxHd = 256;     /* head_dim: a multiple of 32, at most this */
+constexpr int kMaxHd = 256;     /* head_dim: even, at most this (lanes past it are masked) */
 
 struct Layer {
     float *in_norm, *post_norm, *q_norm, *k_norm; /* [hid], [hid], [hd], [hd] */
@@ -287,7 +287,7 @@ kdt_status attn(dfl_dev *g, int32_t l, int32_t R, const int32_t *slot, const int
 #define DFL_ATTN(T, E)                                                                                                  \
     block_attn<T, E><<<grid, 32 * kAttnWarps, 0, s>>>(g->qkv, ld, g->kc, g->vc, slot, n_ctx, c.bs, c.L, l, g->max_len, c.H, \
                                                        c.KV, c.hd, sc, (T *)g->att)
-    const int E = c.hd / 32;
+    const int E = (c.hd + 31) / 32;
     if (g->dt == KDT_F32) {
         if (E <= 4) DFL_ATTN(float, 4);
         else DFL_ATTN(float, 8);
@@ -321,8 +321,9 @@ kdt_status layer(dfl_dev *g, int32_t l, int32_t B, const int32_t *pos, const int
 
 kdt_status setup(dfl_dev *g, const dfl_model *m, uint64_t seed) {
     const dfl_config &c = g->c;
-    if (c.hd % 32 || c.hd > kMaxHd || c.H > 65535 || c.H % c.KV)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "dflash cuda: head_dim %d must be a multiple of 32 up to %d", c.hd, kMaxHd);
+    if (c.hd % 2 || c.hd > kMaxHd || c.H > 65535 || c.H % c.KV)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "dflash cuda: head_dim %d must be even and at most %d (heads %d, kv heads %d)", c.hd,
+                        kMaxHd, c.H, c.KV);
     DFL_CUBLAS_CHECK(cublasCreate(&g->blas));
     DFL_CUBLAS_CHECK(cublasSetMathMode(g->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     g->ly = (Layer *)calloc((size_t)c.L, sizeof *g->ly);
