@@ -62,5 +62,5 @@ if [ "${CHECK:-0}" = 1 ]; then
     ln -sfn "$SRC" "$CACHE/cpu-llama/src"
     # run.sh itself, on the CPU: f32 GGUFs against kdt's f32 CPU backend, PROMPTS prompts.
     LLAMA_DIR="$CACHE/cpu-llama" BACKEND=cpu NGL=0 GGUF_TYPE=f32 BUILD=build-cpu PROMPTS=${PROMPTS:-2} \
-        DEADLINE=${DEADLINE:-3000} OUT="$CACHE/check" nice -n 15 bash bench/llamacpp/run.sh
+        PROMPT_LIMIT=600 DEADLINE=${DEADLINE:-6000} OUT="$CACHE/check" nice -n 15 bash bench/llamacpp/run.sh
 fi

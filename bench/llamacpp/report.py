@@ -123,14 +123,13 @@ def main() -> None:
     rates = {}
     for name, (engine, n, per) in res.items():
         ok = [r for r in per if r]
-        if not ok:
-            lines.append(f"| {engine} | {name} | {n} | 0/{n_prompts} | - | - | - | - | - | - | - | - | - |")
-            continue
-        tokens, secs = sum(r["tokens"] for r in ok), sum(r["seconds"] for r in ok)
-        rates[name] = tokens / secs if secs > 0 else 0.0
+        if ok:
+            secs = sum(r["seconds"] for r in ok)
+            rates[name] = sum(r["tokens"] for r in ok) / secs if secs > 0 else 0.0
     for name, (engine, n, per) in res.items():
         ok = [r for r in per if r]
         if not ok:
+            lines.append(f"| {engine} | {name} | {n} | 0/{n_prompts} | - | - | - | - | - | - | - | - | - |")
             continue
         kp, own = plain("kdt", n), plain(engine, n)
         kname = next((k for k, v in res.items() if v[2] is kp), None)

@@ -22,6 +22,7 @@ BUILD=${BUILD:-build}
 LLAMA_BUILD=${LLAMA_BUILD:-build-llamacpp}
 DEADLINE=${DEADLINE:-400}
 PROMPTS=${PROMPTS:-8}
+PROMPT_LIMIT=${PROMPT_LIMIT:-30}  # seconds for one prompt's run
 # BACKEND=cpu NGL=0 GGUF_TYPE=f32: a dry run on a machine without a GPU (prepare.sh's CHECK=1).
 BACKEND=${BACKEND:-cuda} NGL=${NGL:-99} GGUF_TYPE=${GGUF_TYPE:-bf16}
 W=/tmp/kdt-llamacpp
@@ -63,7 +64,7 @@ else
     timeout $((DEADLINE - SECONDS)) make -j16 "${MAKEVARS[@]}" "$BUILD/kdt" >"$LOGS/build_kdt.log" 2>&1 &
     kdt_pid=$!
 fi
-if [ ! -x "$L/bin/llama-simple" ] && [ -f "$L/src/CMakeLists.txt" ]; then
+if [ -z "${LLAMA_DIR:-}" ] && [ ! -x "$L/bin/llama-simple" ] && [ -f "$L/src/CMakeLists.txt" ]; then
     step build_llamacpp $((DEADLINE - 60)) bash bench/llamacpp/build.sh "$L/src" "$LLAMA_BUILD" cuda 16 &&
         mkdir -p "$L/bin" "$L/lib" &&
         for t in llama-simple llama-bench llama-lookup llama-speculative llama-speculative-simple llama-tokenize; do
@@ -100,7 +101,7 @@ export LD_LIBRARY_PATH="$L/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBR
 missing=$(ldd "$L"/bin/* 2>/dev/null | grep 'not found' | sort -u)
 [ -n "$missing" ] && say "INFO  unresolved libraries: $(echo "$missing" | tr '\n' ' ')"
 for m in kdt-small kdt-small-draft; do
-    step "convert_$m" 60 python3 bench/llamacpp/convert.py "$L/src" "models/$m" "$W/gguf/$m.gguf" --outtype "$GGUF_TYPE"
+    step "convert_$m" 90 python3 bench/llamacpp/convert.py "$L/src" "models/$m" "$W/gguf/$m.gguf" --outtype "$GGUF_TYPE"
 done
 M="$W/gguf/kdt-small.gguf" D="$W/gguf/kdt-small-draft.gguf"
 python3 - "$PROMPTS" "$LOGS/prompts" <<'EOF'
@@ -138,7 +139,7 @@ run() {
         for a in "$@"; do a=${a//"{IDS}"/"$ids"}; args+=("${a//"{P}"/"$txt"}"); done
         left=$((DEADLINE - SECONDS))
         [ "$left" -lt 3 ] && break
-        timeout $((left < 30 ? left : 30)) "${args[@]}" >"$LOGS/$name/p$i.out" 2>"$LOGS/$name/p$i.err" && ok=$((ok + 1))
+        timeout $((left < PROMPT_LIMIT ? left : PROMPT_LIMIT)) "${args[@]}" >"$LOGS/$name/p$i.out" 2>"$LOGS/$name/p$i.err" && ok=$((ok + 1))
     done
     printf '%s\t%s\t%s\n' "$name" "$engine" "$n" >>"$LOGS/runs.tsv"
     local verdict=PASS
