@@ -150,7 +150,8 @@ run() {
 K=("$BUILD/kdt" generate --backend "$BACKEND" --model models/kdt-small --prompt-ids "{IDS}" --eos 1)
 KL=(--spec lookup) KM=(--spec model --draft-model models/kdt-small-draft)
 G=(-m "$M" -ngl "$NGL" --no-escape -p "{P}" --temp 0 --top-k 1 --seed 0)
-S="$L/bin/llama-speculative-simple" DM=(-md "$D" -ngld "$NGL")
+# llama-speculative-simple drafts with nothing unless --spec-type names the drafter.
+S="$L/bin/llama-speculative-simple" DM=(-md "$D" -ngld "$NGL") DS=(--spec-type draft-simple)
 
 # 4. Most important first: the 96-token runs of each kind, then the 256-token ones, then the other
 # settings. kdt lookup D=8 K=2 N=16 is issue 21's setting, D=8 K=1 N=8 and model D=4 K=2 N=8 the
@@ -162,12 +163,12 @@ for n in 96 256; do
     run "kdt_lookup_D8K1N8_n$n" kdt "$n" "${K[@]}" --max-new "$n" "${KL[@]}" --depth 8 --topk 1 --budget 8
     run "llama_lookup_max8_n$n" llama-lookup "$n" "$L/bin/llama-lookup" "${G[@]}" -n "$n" --spec-draft-n-max 8
     run "kdt_model_D4K2N8_n$n" kdt "$n" "${K[@]}" --max-new "$n" "${KM[@]}" --depth 4 --topk 2 --budget 8
-    run "llama_draft_max4_n$n" llama-speculative-simple "$n" "$S" "${G[@]}" "${DM[@]}" -n "$n" --spec-draft-n-max 4
+    run "llama_draft_max4_n$n" llama-speculative-simple "$n" "$S" "${G[@]}" "${DM[@]}" "${DS[@]}" -n "$n" --spec-draft-n-max 4
 done
 n=96
 run "llama_lookup_max16_n$n" llama-lookup "$n" "$L/bin/llama-lookup" "${G[@]}" -n "$n" --spec-draft-n-max 16
 run "llama_ngram_simple_n$n" llama-speculative-simple "$n" "$S" "${G[@]}" -n "$n" --spec-type ngram-simple --spec-draft-n-max 8
-run "llama_draft_max8_n$n" llama-speculative-simple "$n" "$S" "${G[@]}" "${DM[@]}" -n "$n" --spec-draft-n-max 8
+run "llama_draft_max8_n$n" llama-speculative-simple "$n" "$S" "${G[@]}" "${DM[@]}" "${DS[@]}" -n "$n" --spec-draft-n-max 8
 run "llama_speculative_max8_n$n" llama-speculative "$n" "$L/bin/llama-speculative" "${G[@]}" "${DM[@]}" -n "$n" --spec-draft-n-max 8
 run "kdt_model_D8K2N16_n$n" kdt "$n" "${K[@]}" --max-new "$n" "${KM[@]}" --depth 8 --topk 2 --budget 16
 
