@@ -9,8 +9,10 @@
 # $LLAMA_BUILD (default build-llamacpp/, kept while the machine stays warm) and packed into
 # $OUT/llama-bin.tar.xz, a tarball of the first kind to carry next time. The GGUFs are converted here
 # with llama.cpp's own converter (bench/llamacpp/convert.py); build/kdt is built when absent.
-# Every step prints one line, PASS|FAIL|SKIP <step> (...); a step that would pass $DEADLINE (seconds
-# since the start, default 400) is skipped. BUILD_ONLY=1 stops after the builds. Back in $OUT (a few
+# Every step prints one line, PASS|FAIL|SKIP <step> (...) (scripts/gpu_step.sh); the table's rows
+# follow as "run | new tokens | prompts | tokens/s | vs kdt plain | accepted | = own plain | = kdt
+# plain". A step that would pass $DEADLINE (seconds since the start, default 400) is skipped.
+# BUILD_ONLY=1 stops after the builds. Back in $OUT (a few
 # files, as the GPU machine returns): summary.txt, the table llamacpp_vs_kdt.md (report.py), and
 # llamacpp_logs.tgz, every log (report.py can rerun on it: tar xzf it, then report.py logs/..).
 set -u
@@ -28,26 +30,9 @@ BACKEND=${BACKEND:-cuda} NGL=${NGL:-99} GGUF_TYPE=${GGUF_TYPE:-bf16}
 W=/tmp/kdt-llamacpp
 LOGS="$W/logs"
 rm -rf "$W" && mkdir -p "$LOGS/prompts" "$W/gguf" "$OUT"
-npass=0 nfail=0 nskip=0
-say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+source scripts/gpu_step.sh  # say, step (PASS|FAIL|SKIP lines, $OUT/summary.txt)
 : >"$OUT/summary.txt"
 : >"$LOGS/runs.tsv"
-
-# step NAME LIMIT CMD...: CMD under a time limit cut to what is left before DEADLINE.
-step() {
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS left=$((DEADLINE - SECONDS))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt 5 ]; then say "SKIP  $name (out of time: ${left}s left)"; nskip=$((nskip + 1)); return 124; fi
-    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    local rc=$?
-    local verdict=PASS
-    [ $rc -ne 0 ] && verdict=FAIL
-    [ $rc -eq 124 ] && verdict="FAIL (timed out at ${limit}s)"
-    say "$verdict  $name (exit $rc, $((SECONDS - t0)) s)"
-    [ $rc -eq 0 ] && npass=$((npass + 1)) || nfail=$((nfail + 1))
-    return $rc
-}
 
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 # LLAMA_DIR: a llama.cpp folder (bin/, src/) instead of the tarball (prepare.sh's CPU check).
@@ -175,6 +160,6 @@ run "kdt_model_D8K2N16_n$n" kdt "$n" "${K[@]}" --max-new "$n" "${KM[@]}" --depth
 # 5. The table (report.py needs no GPU: rerun it on the returned logs if this step is cut).
 DEADLINE=$((DEADLINE + 15)) step report 30 python3 bench/llamacpp/report.py "$LOGS" models/kdt-small/tokenizer.json \
     "$OUT/llamacpp_vs_kdt.md" &&
-    grep -E '^\| (kdt|llama)' "$OUT/llamacpp_vs_kdt.md" | cut -d'|' -f2-8 | sed 's/^/      /' | tee -a "$OUT/summary.txt"
+    grep -E '^\| (kdt|llama)' "$OUT/llamacpp_vs_kdt.md" | cut -d'|' -f3,4,5,8,9,11,12,13 | sed 's/^/      /' | tee -a "$OUT/summary.txt"
 tar -C "$W" -czf "$OUT/llamacpp_logs.tgz" logs
 say "llamacpp: $npass passed, $nfail failed, $nskip skipped in $SECONDS s (table: $OUT/llamacpp_vs_kdt.md, logs: $OUT/llamacpp_logs.tgz)"
