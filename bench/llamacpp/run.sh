@@ -9,7 +9,7 @@
 # $LLAMA_BUILD (default build-llamacpp/, kept while the machine stays warm) and packed into
 # $OUT/llama-bin.tar.xz, a tarball of the first kind to carry next time. The GGUFs are converted here
 # with llama.cpp's own converter (bench/llamacpp/convert.py); build/kdt is built when absent.
-# Every step prints one line, PASS|FAIL|SKIP <step> (...) (scripts/gpu_step.sh); the table's rows
+# Every step prints one line, PASS|FAIL|SKIP <step> (...) (scripts/gpu_steps.sh); the table's rows
 # follow as "run | new tokens | prompts | tokens/s | vs kdt plain | accepted | = own plain | = kdt
 # plain". A step that would pass $DEADLINE (seconds since the start, default 400) is skipped.
 # BUILD_ONLY=1 stops after the builds. Back in $OUT (a few
@@ -30,7 +30,8 @@ BACKEND=${BACKEND:-cuda} NGL=${NGL:-99} GGUF_TYPE=${GGUF_TYPE:-bf16}
 W=/tmp/kdt-llamacpp
 LOGS="$W/logs"
 rm -rf "$W" && mkdir -p "$LOGS/prompts" "$W/gguf" "$OUT"
-source scripts/gpu_step.sh  # say, step (PASS|FAIL|SKIP lines, $OUT/summary.txt)
+npass=0 nfail=0 nskip=0
+source scripts/gpu_steps.sh  # say, step (PASS|FAIL|SKIP lines, $OUT/summary.txt)
 : >"$OUT/summary.txt"
 : >"$LOGS/runs.tsv"
 
