@@ -52,8 +52,8 @@ if [ -x "$B" ]; then
         grep -E '^\| weight' "$MD" | head -1
         awk -F'|' '$4 ~ /^ *(1|8|32) *$/' "$MD"
         # stream of ceiling ($8), base of ceiling ($9) over the rows M = 1 .. 32
-        s=$(awk -F'|' '$4 ~ /^ *(1|8|32) *$/ { gsub(/[ %]/, "", $8); gsub(/[ %]/, "", $9); n++; s += $8; b += $9;
-              if ($8 >= 75) ok++; if (min == "" || $8 < min) min = $8 }
+        s=$(awk -F'|' '$4 ~ /^ *(1|8|32) *$/ { gsub(/[ %]/, "", $8); gsub(/[ %]/, "", $9); v = $8 + 0; n++; s += v; b += $9;
+              if (v >= 75) ok++; if (n == 1 || v < min) min = v }
               END { if (n) printf "%d rows at M = 1..32: streaming mean %.0f%% (min %d%%, %d rows >= 75%%), baseline mean %.0f%%", n, s / n, min, ok, b / n }' "$MD")
         note "bench_quant_gemm: $([ "$rc" -eq 0 ] && echo PASS || echo "FAIL ($(why $rc), partial table)"): $(grep -E '^- copy' "$MD" | grep -oE '[0-9]+ GB/s') copy ceiling; $s"
     else note "bench_quant_gemm: FAIL ($(why $rc), no table; $LOGS/bench_quant_gemm.log)"; tail -5 "$LOGS/bench_quant_gemm.log"; fi
