@@ -11,24 +11,14 @@ mkdir -p "$LOGS"
 STEPS=${*:-info build test sanitize bench}
 BUILD=${BUILD:-build}
 export PYTHONUNBUFFERED=1
-summary=()
-note() { summary+=("$*"); echo "## $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
 DEADLINE=${DEADLINE:-560}  # seconds: the device tool stops a command at 600
-step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS left=$((DEADLINE - SECONDS))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt 10 ]; then note "$name: skipped, out of time"; return 124; fi
-    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    local rc=$?
-    note "$name: exit $rc in $((SECONDS - t0)) s"
-    return $rc
-}
+STEP_MIN_S=10
+source scripts/gpu_notes.sh  # note, step
 
 if has info; then
     { nvidia-smi; nvcc --version; python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'; } \

@@ -14,7 +14,7 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
 DEADLINE=${DEADLINE:-230}
-source scripts/gpu_multi_steps.sh
+source scripts/gpu_notes.sh
 same() {  # same NAME A B: PASS when the two logs' stdout lines (the ids or text) are equal and non-empty
     if [ -s "$LOGS/$2.out" ] && cmp -s "$LOGS/$2.out" "$LOGS/$3.out"; then note "PASS  $1: $(head -c 80 "$LOGS/$2.out" | tr '\n' ' ')"
     else note "FAIL  $1: '$(head -c 60 "$LOGS/$2.out" 2>/dev/null | tr '\n' ' ')' vs '$(head -c 60 "$LOGS/$3.out" 2>/dev/null | tr '\n' ' ')' ($(tail -1 "$LOGS/$3.log" | head -c 120))"; fi

@@ -12,19 +12,8 @@ OUT=${OUT:-/tmp/kdt-quant}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}  # shared with scripts/gpu_check.sh (same sm_90 flags): a build there is reused
-summary=()
-note() { summary+=("$*"); echo "## $*"; }
 DEADLINE=${DEADLINE:-420}
-step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS left=$((DEADLINE - SECONDS))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt 5 ]; then note "$name: skipped, out of time"; return 124; fi
-    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    local rc=$?
-    note "$name: exit $rc in $((SECONDS - t0)) s"
-    return $rc
-}
+source scripts/gpu_notes.sh  # note, step
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing

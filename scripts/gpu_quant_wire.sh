@@ -12,19 +12,8 @@ OUT=${OUT:-/tmp/kdt-quant-wire}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
-summary=()
-note() { summary+=("$*"); echo "## $*"; }
 DEADLINE=${DEADLINE:-410}
-step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit (cut to what is left), logging to $LOGS/NAME.log
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS left=$((DEADLINE - SECONDS))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt 5 ]; then note "$name: skipped, out of time"; return 124; fi
-    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    local rc=$?
-    note "$name: exit $rc in $((SECONDS - t0)) s"
-    return $rc
-}
+source scripts/gpu_notes.sh  # note, step
 run_tests() {  # run_tests TIMEOUT NAME...: each test binary, its FAIL/SKIP lines and counts
     local limit=$1 t; shift
     for t in "$@"; do

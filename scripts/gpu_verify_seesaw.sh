@@ -14,21 +14,10 @@ OUT=${OUT:-/tmp/kdt-seesaw}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
-summary=()
-note() { summary+=("$*"); echo "## $*"; }
 DEADLINE=${DEADLINE:-405}
-step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logging to $LOGS/NAME.log
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS left=$((DEADLINE - SECONDS))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt 5 ]; then note "$name: skipped, out of time"; return 124; fi
-    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    local rc=$?
-    note "$name: exit $rc in $((SECONDS - t0)) s"
-    return $rc
-}
+source scripts/gpu_notes.sh  # note, step
 
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader >"$LOGS/info.log" 2>&1
 note "gpu: $(head -1 "$LOGS/info.log"), commit $(git rev-parse --short HEAD 2>/dev/null)"
