@@ -27,12 +27,6 @@
 #include "model/cuda/linear.h"
 #include "model/cuda/route.h"
 
-#define TRY(call)                                                                                \
-    do {                                                                                         \
-        kdt_status kdt_s_ = (call);                                                              \
-        if (kdt_s_ != KDT_OK) return kdt_s_;                                                     \
-    } while (0)
-
 /* The q_a and kv_a norms use transformers' default eps, as on the CPU. */
 #define LORA_NORM_EPS 1e-6f
 
@@ -366,27 +360,27 @@ kdt_status attention(Fwd &f, int32_t l) {
     const kdt_model_config *cf = &f.m->cfg;
     cublasHandle_t h = f.x->blas;
     /* [q_a | kv_a] (or [q_proj | kv_a]) of the normed rows: a_out [R, Wa] f32 */
-    TRY(proj(f, d.R, L->attn_in, u.hn, u.a_out, 0.0f, false));
+    KDT_TRY(proj(f, d.R, L->attn_in, u.hn, u.a_out, 0.0f, false));
     const float *q = u.a_out;
     int64_t q_ld = d.Wa;
     /* With f.fused both norms of [q_a | kv_a] (and the cache append) are one launch. */
     const bool qa_fused = d.ql && f.fused;
-    TRY(kdt_mk_kv_append_qa(u.a_out + d.qw, d.Wa, L->kv_a_norm, LORA_NORM_EPS, u.cs, u.sn, u.slots, d.R, d.Dv, d.rope,
+    KDT_TRY(kdt_mk_kv_append_qa(u.a_out + d.qw, d.Wa, L->kv_a_norm, LORA_NORM_EPS, u.cs, u.sn, u.slots, d.R, d.Dv, d.rope,
                             cf->rope_interleave, f.c->dpool[l], qa_fused ? u.a_out : nullptr, L->q_a_norm, d.ql, u.qa, d.dt, f.s));
     if (d.ql) {
         if (!qa_fused)
-            TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
-        TRY(proj(f, d.R, L->q_b, u.qa, u.q, 0.0f));
+            KDT_TRY(kdt_mk_rmsnorm(u.a_out, d.Wa, nullptr, d.R, d.ql, L->q_a_norm, LORA_NORM_EPS, nullptr, 0, u.qa, d.ql, d.dt, f.s));
+        KDT_TRY(proj(f, d.R, L->q_b, u.qa, u.q, 0.0f));
         q = u.q;
         q_ld = (int64_t)d.H * d.qk;
     }
     /* With f.fused and a small kv_b, q_prep and the absorb GEMM are one launch. */
     if (d.nope && small_product(f, d.R, (int64_t)d.H * (d.nope + d.vd), d.Dv, false)) {
-        TRY(kdt_mk_q_absorb(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, L->kv_b, d.vd, u.qabs, d.dt,
+        KDT_TRY(kdt_mk_q_absorb(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, L->kv_b, d.vd, u.qabs, d.dt,
                             f.s));
     } else {
-        TRY(kdt_mk_q_prep(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, u.qn, u.qabs, d.dt, f.s));
-        if (d.nope) TRY(absorb_query(h, d, L->kv_b, u.qn, u.qabs));
+        KDT_TRY(kdt_mk_q_prep(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, u.qn, u.qabs, d.dt, f.s));
+        if (d.nope) KDT_TRY(absorb_query(h, d, L->kv_b, u.qn, u.qabs));
         else KDT_CUDA_CHECK(cudaMemset2DAsync(u.qabs, (size_t)d.Dqk * d.es, 0, (size_t)d.Dv * d.es, (size_t)(d.R * d.H), f.s));
     }
     for (int32_t i = 0; i < f.plan->n_calls; i++) {
@@ -409,9 +403,9 @@ kdt_status attention(Fwd &f, int32_t l) {
         p.sm_scale = (float)cf->softmax_scale;
         p.o = (char *)u.olat + (size_t)k.row * d.H * d.Dv * d.es;
         p.lse = u.lse + k.row * d.H;
-        TRY(kdt_verify_attn(&p, KDT_BACKEND_CUDA, f.s));
+        KDT_TRY(kdt_verify_attn(&p, KDT_BACKEND_CUDA, f.s));
     }
-    TRY(apply_values(h, d, L->kv_b, u.olat, u.ov));
+    KDT_TRY(apply_values(h, d, L->kv_b, u.olat, u.ov));
     return proj(f, d.R, L->o, u.ov, u.x, 1.0f);
 }
 
@@ -420,10 +414,10 @@ kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
     const Dims &d = f.d;
     const int64_t I = w->inter;
     if (small_product(f, d.R, w->gate_up, true))
-        TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up.w[0], d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
+        KDT_TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up.w[0], d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
     else {
-        TRY(kdt_lin(&f.lc, &w->gate_up, 0, d.R, f.u.hn, f.u.gu, 0));
-        TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
+        KDT_TRY(kdt_lin(&f.lc, &w->gate_up, 0, d.R, f.u.hn, f.u.gu, 0));
+        KDT_TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
     }
     return proj(f, d.R, w->down, f.u.act, f.u.x, 1.0f);
 }
@@ -441,20 +435,20 @@ kdt_status moe(Fwd &f, int32_t l) {
     if (f.fused && kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 0)) {
         const bool scores = kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 1);
         if (!scores)
-            TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
-        TRY(kdt_mk_route_plan(scores ? u.hf : nullptr, L->router, d.hid, u.rlog, L->router_bias, d.R, d.E, cf->n_group,
+            KDT_TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+        KDT_TRY(kdt_mk_route_plan(scores ? u.hf : nullptr, L->router, d.hid, u.rlog, L->router_bias, d.R, d.E, cf->n_group,
                               cf->topk_group, d.K, cf->norm_topk_prob, cf->routed_scaling_factor, u.gi, u.gw, u.counts, u.offs,
                               u.perm, u.posa, f.s));
     } else {
-        TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
-        TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
+        KDT_TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+        KDT_TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
                          cf->routed_scaling_factor, u.gi, u.gw, f.s));
-        TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
+        KDT_TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
     }
     if (f.moe_small) {
-        TRY(kdt_lin_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, &L->exp_gate_up, &L->exp_down, d.hid, (int32_t)I, u.act,
+        KDT_TRY(kdt_lin_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, &L->exp_gate_up, &L->exp_down, d.hid, (int32_t)I, u.act,
                               u.ye, d.dt, f.s));
-        TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
+        KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
         return L->shared.inter ? mlp(f, &L->shared) : KDT_OK;
     }
     KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->h_counts, u.counts, (size_t)d.E * sizeof(int32_t), cudaMemcpyDeviceToHost, f.s));
@@ -463,13 +457,13 @@ kdt_status moe(Fwd &f, int32_t l) {
     for (int32_t e = 0; e < d.E; e++) total += f.x->h_counts[e];
     if (total > RK) return kdt_fail(KDT_ERR_INTERNAL, "forward: layer %d routed %lld rows, more than %lld", l, (long long)total,
                                     (long long)RK);
-    TRY(kdt_mk_gather_rows(u.hn, u.perm, total, d.K, d.hid, u.xe, d.dt, f.s));
+    KDT_TRY(kdt_mk_gather_rows(u.hn, u.perm, total, d.K, d.hid, u.xe, d.dt, f.s));
     for (int64_t e = 0, off = 0; e < d.E; off += f.x->h_counts[e], e++)
-        TRY(kdt_lin(&f.lc, &L->exp_gate_up, e, f.x->h_counts[e], (const char *)u.xe + off * d.hid * d.es, u.gu + off * 2 * I, 0));
-    TRY(kdt_mk_silu_mul(u.gu, total, (int32_t)I, u.act, d.dt, f.s));
+        KDT_TRY(kdt_lin(&f.lc, &L->exp_gate_up, e, f.x->h_counts[e], (const char *)u.xe + off * d.hid * d.es, u.gu + off * 2 * I, 0));
+    KDT_TRY(kdt_mk_silu_mul(u.gu, total, (int32_t)I, u.act, d.dt, f.s));
     for (int64_t e = 0, off = 0; e < d.E; off += f.x->h_counts[e], e++)
-        TRY(kdt_lin(&f.lc, &L->exp_down, e, f.x->h_counts[e], (const char *)u.act + off * I * d.es, u.ye + off * d.hid, 0));
-    TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
+        KDT_TRY(kdt_lin(&f.lc, &L->exp_down, e, f.x->h_counts[e], (const char *)u.act + off * I * d.es, u.ye + off * d.hid, 0));
+    KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
     return L->shared.inter ? mlp(f, &L->shared) : KDT_OK;
 }
 
@@ -525,35 +519,35 @@ kdt_status compute(Fwd &f) {
     KDT_CUBLAS_CHECK(cublasSetStream(f.x->blas, f.s));
     KDT_CUBLAS_CHECK(cublasSetWorkspace(f.x->blas, f.x->blas_ws, BLAS_WS_BYTES)); /* cublasSetStream drops it */
     f.lc = kdt_lin_ctx{f.x->blas, f.s, d.dt, m->d_deq, u.lt};
-    TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, u.tokens, d.R, d.hid, f.s));
-    TRY(kdt_mk_rope_table(u.cs, u.sn, u.pos, m->d_inv_freq, d.R, d.half, (float)cf->rope_attention_factor, f.s));
+    KDT_TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, u.tokens, d.R, d.hid, f.s));
+    KDT_TRY(kdt_mk_rope_table(u.cs, u.sn, u.pos, m->d_inv_freq, d.R, d.half, (float)cf->rope_attention_factor, f.s));
     if (d.mtp) { /* x = eh_proj([enorm(embed); hnorm(h)]) */
-        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_mtp_enorm, cf->rms_norm_eps, nullptr, 0, u.cat, 2 * d.hid, d.dt, f.s));
-        TRY(kdt_mk_rmsnorm(f.mtp_h, d.hid, nullptr, d.R, d.hid, m->d_mtp_hnorm, cf->rms_norm_eps, nullptr, 0,
+        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_mtp_enorm, cf->rms_norm_eps, nullptr, 0, u.cat, 2 * d.hid, d.dt, f.s));
+        KDT_TRY(kdt_mk_rmsnorm(f.mtp_h, d.hid, nullptr, d.R, d.hid, m->d_mtp_hnorm, cf->rms_norm_eps, nullptr, 0,
                            (char *)u.cat + (size_t)d.hid * d.es, 2 * d.hid, d.dt, f.s));
-        TRY(kdt_lin_gemm(f.x->blas, d.R, d.hid, 2 * d.hid, m->d_mtp_eh, d.ct, 2 * d.hid, u.cat, d.ct, 2 * d.hid, u.x, CUDA_R_32F, d.hid, 0.0f));
+        KDT_TRY(kdt_lin_gemm(f.x->blas, d.R, d.hid, 2 * d.hid, m->d_mtp_eh, d.ct, 2 * d.hid, u.cat, d.ct, 2 * d.hid, u.x, CUDA_R_32F, d.hid, 0.0f));
     }
     const int32_t nh = m->n_hid_layers;
     for (int32_t l = 0; l < cf->num_hidden_layers; l++) {
         const kdt_layer_dw *L = &m->dlayers[l];
-        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->attn_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt, f.s));
-        TRY(attention(f, l));
-        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, L->is_moe ? u.hf : nullptr, d.hid,
+        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->attn_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt, f.s));
+        KDT_TRY(attention(f, l));
+        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, L->is_moe ? u.hf : nullptr, d.hid,
                            u.hn, d.hid, d.dt, f.s));
-        TRY(L->is_moe ? moe(f, l) : mlp(f, &L->dense));
+        KDT_TRY(L->is_moe ? moe(f, l) : mlp(f, &L->dense));
         for (int32_t i = 0; f.hid_out && i < nh; i++) /* the drafter's layers: hidden [R, nh * hidden] */
             if (m->hid_layers[i] == l)
                 KDT_CUDA_CHECK(cudaMemcpy2DAsync(f.hid_out + (size_t)i * d.hid, (size_t)nh * d.hid * 4, u.x, (size_t)d.hid * 4,
                                                  (size_t)d.hid * 4, (size_t)d.R, cudaMemcpyDeviceToDevice, f.s));
     }
     if ((f.hid_out && !nh) || (f.log_out && f.all))
-        TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, nh ? nullptr : f.hid_out, d.hid,
+        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, nh ? nullptr : f.hid_out, d.hid,
                            f.log_out && f.all ? u.hn : nullptr, d.hid, d.dt, f.s));
     if (f.log_out && !f.all)
-        TRY(kdt_mk_rmsnorm(u.x, d.hid, u.last, d.RL, d.hid, m->d_final_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt,
+        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, u.last, d.RL, d.hid, m->d_final_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt,
                            f.s));
     const kdt_dlin head = {KDT_WFMT_DENSE, d.V, d.hid, 1, 1, d.V, {m->d_lm_head, nullptr}, {nullptr, nullptr}};
-    if (f.log_out) TRY(proj(f, d.RL, head, u.hn, f.log_out, 0.0f));
+    if (f.log_out) KDT_TRY(proj(f, d.RL, head, u.hn, f.log_out, 0.0f));
     return KDT_OK;
 }
 
@@ -641,9 +635,9 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
         if (!key) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");
         const kdt_status s = kdt_graphs_run(&f.x->graphs, key, n_key, f.x->cap, f.s, compute_on, &f);
         free(key);
-        TRY(s);
+        KDT_TRY(s);
     } else {
-        TRY(compute(f));
+        KDT_TRY(compute(f));
     }
     if (logits && f.log_out != logits)
         KDT_CUDA_CHECK(cudaMemcpyAsync(logits, f.log_out, (size_t)d.RL * d.V * 4, cudaMemcpyDeviceToHost, f.s));
@@ -663,9 +657,9 @@ kdt_status forward_planned(Fwd &f, const Plan &plan, const kdt_batch *bt, const 
     layout_inputs(in, hb, f.d, plan);
     layout_scratch(sc, f.u, f.d, &f.m->cfg);
     const void *din = f.x->din, *ws = f.x->ws;
-    TRY(grow(&f.x->hin, &f.x->hin_bytes, in.off, 1));
-    TRY(grow(&f.x->din, &f.x->din_bytes, in.off, 0));
-    TRY(grow(&f.x->ws, &f.x->ws_bytes, sc.off, 0));
+    KDT_TRY(grow(&f.x->hin, &f.x->hin_bytes, in.off, 1));
+    KDT_TRY(grow(&f.x->din, &f.x->din_bytes, in.off, 0));
+    KDT_TRY(grow(&f.x->ws, &f.x->ws_bytes, sc.off, 0));
     if (din != f.x->din || ws != f.x->ws) kdt_graphs_clear(f.x->graphs);
     Bump hp = {(char *)f.x->hin, 0}, dp = {(char *)f.x->din, 0}, wp = {(char *)f.x->ws, 0};
     layout_inputs(hp, hb, f.d, plan);
@@ -704,8 +698,8 @@ extern "C" kdt_status kdt_forward_cuda(kdt_model *m, kdt_cache *c, const kdt_bat
     f.c = c;
     f.s = (cudaStream_t)stream;
     f.d = dims_of(m, c, bt, R);
-    TRY(ctx_get(m, &f.x));
-    TRY(kdt_lin_prepare(m));
+    KDT_TRY(ctx_get(m, &f.x));
+    KDT_TRY(kdt_lin_prepare(m));
     Plan plan;
     kdt_status s = plan_build(bt, start, &plan);
     if (s == KDT_OK) s = forward_planned(f, plan, bt, start, positions, logits, hidden);

@@ -11,14 +11,6 @@
 
 #include "model/internal.h"
 
-#define KDT_CUBLAS_CHECK(call)                                                                   \
-    do {                                                                                         \
-        cublasStatus_t kdt_b_ = (call);                                                          \
-        if (kdt_b_ != CUBLAS_STATUS_SUCCESS)                                                     \
-            return kdt_fail(KDT_ERR_CUDA, "%s:%d: %s: %s", __FILE__, __LINE__, #call,            \
-                            cublasGetStatusString(kdt_b_));                                      \
-    } while (0)
-
 /* Past this many rows the quantized weights are dequantized for cuBLAS (quant_gemm re-reads them
  * per 32 rows: docs/perf/quant.md, the prefill column). */
 #define KDT_LIN_QGEMM_ROWS 64

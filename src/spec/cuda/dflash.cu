@@ -19,17 +19,6 @@
 #include "spec/dflash.h"
 #include "spec/internal.h"
 
-#define DFL_CUBLAS_CHECK(call)                                                                                    \
-    do {                                                                                                          \
-        cublasStatus_t kdt_b_ = (call);                                                                           \
-        if (kdt_b_ != CUBLAS_STATUS_SUCCESS)                                                                      \
-            return kdt_fail(KDT_ERR_CUDA, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cublasGetStatusString(kdt_b_)); \
-    } while (0)
-#define TRY(call)                                                                                                 \
-    do {                                                                                                          \
-        kdt_status kdt_s_ = (call);                                                                               \
-        if (kdt_s_ != KDT_OK) return kdt_s_;                                                                      \
-    } while (0)
 
 namespace {
 
@@ -209,7 +198,7 @@ kdt_status dalloc(dfl_dev *g, size_t nbytes, void **out) {
  * center +- spread. */
 kdt_status weight(dfl_dev *g, const float *src, size_t n, bool f32, uint64_t seed, float center, float spread, void **out) {
     const kdt_dtype dt = f32 ? KDT_F32 : g->dt;
-    TRY(dalloc(g, n * kdt_dtype_size(dt), out));
+    KDT_TRY(dalloc(g, n * kdt_dtype_size(dt), out));
     if (!src) return kdt_cuda_fill_uniform(*out, dt, n, seed, center, spread);
     if (dt == KDT_F32) {
         KDT_CUDA_CHECK(cudaMemcpy(*out, src, n * 4, cudaMemcpyHostToDevice));
@@ -245,23 +234,23 @@ kdt_status upload(dfl_dev *g, const dfl_model *m, uint64_t seed) {
     const dfl_config &c = g->c;
     const int64_t hid = c.hid, hd = c.hd, I = c.I;
     uint64_t sd = seed;
-    TRY(weight(g, m ? m->fc : nullptr, (size_t)(hid * c.nT * hid), false, ++sd, 0.0f, 1.0f / sqrtf((float)(c.nT * hid)), &g->fc));
-    TRY(weight(g, m ? m->hidden_norm : nullptr, (size_t)hid, true, ++sd, 1.0f, 0.1f, (void **)&g->hidden_norm));
-    TRY(weight(g, m ? m->norm : nullptr, (size_t)hid, true, ++sd, 1.0f, 0.1f, (void **)&g->norm));
+    KDT_TRY(weight(g, m ? m->fc : nullptr, (size_t)(hid * c.nT * hid), false, ++sd, 0.0f, 1.0f / sqrtf((float)(c.nT * hid)), &g->fc));
+    KDT_TRY(weight(g, m ? m->hidden_norm : nullptr, (size_t)hid, true, ++sd, 1.0f, 0.1f, (void **)&g->hidden_norm));
+    KDT_TRY(weight(g, m ? m->norm : nullptr, (size_t)hid, true, ++sd, 1.0f, 0.1f, (void **)&g->norm));
     for (int32_t l = 0; l < c.L; l++) {
         const dfl_layer *w = m ? &m->layers[l] : nullptr;
         Layer &d = g->ly[l];
         const float *qkv[3] = {w ? w->q : nullptr, w ? w->k : nullptr, w ? w->v : nullptr};
         const float *gu[2] = {w ? w->gate : nullptr, w ? w->up : nullptr};
         const int64_t qkv_rows[3] = {g->qd, g->kvd, g->kvd}, gu_rows[2] = {I, I};
-        TRY(weight(g, w ? w->in_norm : nullptr, (size_t)hid, true, ++sd, 1.0f, 0.1f, (void **)&d.in_norm));
-        TRY(weight(g, w ? w->post_norm : nullptr, (size_t)hid, true, ++sd, 1.0f, 0.1f, (void **)&d.post_norm));
-        TRY(weight(g, w ? w->q_norm : nullptr, (size_t)hd, true, ++sd, 1.0f, 0.1f, (void **)&d.q_norm));
-        TRY(weight(g, w ? w->k_norm : nullptr, (size_t)hd, true, ++sd, 1.0f, 0.1f, (void **)&d.k_norm));
-        TRY(stacked(g, w ? qkv : nullptr, qkv_rows, 3, hid, ++sd, &d.qkv));
-        TRY(weight(g, w ? w->o : nullptr, (size_t)(hid * g->qd), false, ++sd, 0.0f, 1.0f / sqrtf((float)g->qd), &d.o));
-        TRY(stacked(g, w ? gu : nullptr, gu_rows, 2, hid, ++sd, &d.gate_up));
-        TRY(weight(g, w ? w->down : nullptr, (size_t)(hid * I), false, ++sd, 0.0f, 1.0f / sqrtf((float)I), &d.down));
+        KDT_TRY(weight(g, w ? w->in_norm : nullptr, (size_t)hid, true, ++sd, 1.0f, 0.1f, (void **)&d.in_norm));
+        KDT_TRY(weight(g, w ? w->post_norm : nullptr, (size_t)hid, true, ++sd, 1.0f, 0.1f, (void **)&d.post_norm));
+        KDT_TRY(weight(g, w ? w->q_norm : nullptr, (size_t)hd, true, ++sd, 1.0f, 0.1f, (void **)&d.q_norm));
+        KDT_TRY(weight(g, w ? w->k_norm : nullptr, (size_t)hd, true, ++sd, 1.0f, 0.1f, (void **)&d.k_norm));
+        KDT_TRY(stacked(g, w ? qkv : nullptr, qkv_rows, 3, hid, ++sd, &d.qkv));
+        KDT_TRY(weight(g, w ? w->o : nullptr, (size_t)(hid * g->qd), false, ++sd, 0.0f, 1.0f / sqrtf((float)g->qd), &d.o));
+        KDT_TRY(stacked(g, w ? gu : nullptr, gu_rows, 2, hid, ++sd, &d.gate_up));
+        KDT_TRY(weight(g, w ? w->down : nullptr, (size_t)(hid * I), false, ++sd, 0.0f, 1.0f / sqrtf((float)I), &d.down));
     }
     float *inv = (float *)malloc((size_t)(hd / 2) * sizeof *inv);
     if (!inv) return kdt_fail(KDT_ERR_NOMEM, "dflash cuda: out of memory");
@@ -274,7 +263,7 @@ kdt_status upload(dfl_dev *g, const dfl_model *m, uint64_t seed) {
 /* y [M, N] f32 (+)= x [M, K] (dt) . W^T, W [N, K] (dt). */
 kdt_status mm(dfl_dev *g, int64_t M, int64_t N, int64_t K, const void *W, const void *x, float *y, float beta) {
     const float one = 1.0f;
-    DFL_CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, W, g->ct, (int)K, x, g->ct,
+    KDT_CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, W, g->ct, (int)K, x, g->ct,
                                   (int)K, &beta, y, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return KDT_OK;
 }
@@ -306,16 +295,16 @@ kdt_status layer(dfl_dev *g, int32_t l, int32_t B, const int32_t *pos, const int
     const Layer &w = g->ly[l];
     const int32_t R = B * c.bs, hid = c.hid;
     const int64_t ld = g->qd + 2 * g->kvd;
-    TRY(kdt_mk_rmsnorm(g->x, hid, nullptr, R, hid, w.in_norm, c.eps, nullptr, 0, g->hn, hid, g->dt, s));
-    TRY(mm(g, R, ld, hid, w.qkv, g->hn, g->qkv, 0.0f));
+    KDT_TRY(kdt_mk_rmsnorm(g->x, hid, nullptr, R, hid, w.in_norm, c.eps, nullptr, 0, g->hn, hid, g->dt, s));
+    KDT_TRY(mm(g, R, ld, hid, w.qkv, g->hn, g->qkv, 0.0f));
     qk_prep<<<dim3((unsigned)R, (unsigned)(c.H + c.KV)), 64, (size_t)c.hd * 4, s>>>(g->qkv, ld, pos, c.H, c.hd, w.q_norm, w.k_norm,
                                                                                    g->inv_freq, c.eps);
     KDT_CUDA_CHECK_LAUNCH("dflash qk_prep");
-    TRY(attn(g, l, R, slot, n_ctx, s));
-    TRY(mm(g, R, hid, g->qd, w.o, g->att, g->x, 1.0f));
-    TRY(kdt_mk_rmsnorm(g->x, hid, nullptr, R, hid, w.post_norm, c.eps, nullptr, 0, g->hn, hid, g->dt, s));
-    TRY(mm(g, R, 2 * (int64_t)c.I, hid, w.gate_up, g->hn, g->gu, 0.0f));
-    TRY(kdt_mk_silu_mul(g->gu, R, c.I, g->act, g->dt, s));
+    KDT_TRY(attn(g, l, R, slot, n_ctx, s));
+    KDT_TRY(mm(g, R, hid, g->qd, w.o, g->att, g->x, 1.0f));
+    KDT_TRY(kdt_mk_rmsnorm(g->x, hid, nullptr, R, hid, w.post_norm, c.eps, nullptr, 0, g->hn, hid, g->dt, s));
+    KDT_TRY(mm(g, R, 2 * (int64_t)c.I, hid, w.gate_up, g->hn, g->gu, 0.0f));
+    KDT_TRY(kdt_mk_silu_mul(g->gu, R, c.I, g->act, g->dt, s));
     return mm(g, R, hid, c.I, w.down, g->act, g->x, 1.0f);
 }
 
@@ -324,28 +313,28 @@ kdt_status setup(dfl_dev *g, const dfl_model *m, uint64_t seed) {
     if (c.hd % 2 || c.hd > kMaxHd || c.H > 65535 || c.H % c.KV)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "dflash cuda: head_dim %d must be even and at most %d (heads %d, kv heads %d)", c.hd,
                         kMaxHd, c.H, c.KV);
-    DFL_CUBLAS_CHECK(cublasCreate(&g->blas));
-    DFL_CUBLAS_CHECK(cublasSetMathMode(g->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    KDT_CUBLAS_CHECK(cublasCreate(&g->blas));
+    KDT_CUBLAS_CHECK(cublasSetMathMode(g->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     g->ly = (Layer *)calloc((size_t)c.L, sizeof *g->ly);
     if (!g->ly) return kdt_fail(KDT_ERR_NOMEM, "dflash cuda: out of memory");
-    TRY(upload(g, m, seed));
+    KDT_TRY(upload(g, m, seed));
     const size_t S = (size_t)g->slots, RB = S * c.bs, es = g->es, hid = (size_t)c.hid, ch = kObsChunk;
     const size_t kv = S * c.L * g->max_len * g->kvd * 4;
-    TRY(dalloc(g, kv, (void **)&g->kc));
-    TRY(dalloc(g, kv, (void **)&g->vc));
-    TRY(dalloc(g, RB * hid * 4, (void **)&g->x));
-    TRY(dalloc(g, RB * (g->qd + 2 * g->kvd) * 4, (void **)&g->qkv));
-    TRY(dalloc(g, RB * 2 * c.I * 4, (void **)&g->gu));
-    TRY(dalloc(g, S * g->D * c.V * 4, (void **)&g->logits));
-    TRY(dalloc(g, RB * hid * es, &g->hn));
-    TRY(dalloc(g, RB * g->qd * es, &g->att));
-    TRY(dalloc(g, RB * c.I * es, &g->act));
-    TRY(dalloc(g, ch * c.nT * hid * es, &g->feat));
-    TRY(dalloc(g, ch * hid * es, &g->chn));
-    TRY(dalloc(g, ch * hid * 4, (void **)&g->ctx));
-    TRY(dalloc(g, ch * 2 * g->kvd * 4, (void **)&g->kv));
+    KDT_TRY(dalloc(g, kv, (void **)&g->kc));
+    KDT_TRY(dalloc(g, kv, (void **)&g->vc));
+    KDT_TRY(dalloc(g, RB * hid * 4, (void **)&g->x));
+    KDT_TRY(dalloc(g, RB * (g->qd + 2 * g->kvd) * 4, (void **)&g->qkv));
+    KDT_TRY(dalloc(g, RB * 2 * c.I * 4, (void **)&g->gu));
+    KDT_TRY(dalloc(g, S * g->D * c.V * 4, (void **)&g->logits));
+    KDT_TRY(dalloc(g, RB * hid * es, &g->hn));
+    KDT_TRY(dalloc(g, RB * g->qd * es, &g->att));
+    KDT_TRY(dalloc(g, RB * c.I * es, &g->act));
+    KDT_TRY(dalloc(g, ch * c.nT * hid * es, &g->feat));
+    KDT_TRY(dalloc(g, ch * hid * es, &g->chn));
+    KDT_TRY(dalloc(g, ch * hid * 4, (void **)&g->ctx));
+    KDT_TRY(dalloc(g, ch * 2 * g->kvd * 4, (void **)&g->kv));
     const size_t idx = 3 * (ch > RB ? ch : RB) + 2 * S + S * g->D;
-    TRY(dalloc(g, idx * 4, (void **)&g->d_idx));
+    KDT_TRY(dalloc(g, idx * 4, (void **)&g->d_idx));
     KDT_CUDA_CHECK(cudaMallocHost((void **)&g->h_idx, idx * 4));
     KDT_CUDA_CHECK(cudaDeviceSynchronize()); /* the uploads and fills, before any stream uses them */
     return KDT_OK;
@@ -400,7 +389,7 @@ extern "C" kdt_status dfl_dev_observe(dfl_dev *g, int32_t n, const float *hidden
                                       const int32_t *pos, void *stream) {
     const dfl_config &c = g->c;
     cudaStream_t s = (cudaStream_t)stream;
-    DFL_CUBLAS_CHECK(cublasSetStream(g->blas, s));
+    KDT_CUBLAS_CHECK(cublasSetStream(g->blas, s));
     const int64_t W = (int64_t)c.nT * c.hid;
     for (int32_t i0 = 0; i0 < n; i0 += kObsChunk) {
         const int32_t k = n - i0 < kObsChunk ? n - i0 : kObsChunk;
@@ -408,16 +397,16 @@ extern "C" kdt_status dfl_dev_observe(dfl_dev *g, int32_t n, const float *hidden
         memcpy(g->h_idx, rows + i0, (size_t)k * 4);
         memcpy(g->h_idx + k, slot + i0, (size_t)k * 4);
         memcpy(g->h_idx + 2 * k, pos + i0, (size_t)k * 4);
-        TRY(put_idx(g, 3 * (size_t)k, s));
+        KDT_TRY(put_idx(g, 3 * (size_t)k, s));
         const dim3 gg((unsigned)((W + 255) / 256 < 64 ? (W + 255) / 256 : 64), (unsigned)k);
         if (g->dt == KDT_F32) gather_rows<<<gg, 256, 0, s>>>(hidden, g->d_idx, W, (float *)g->feat);
         else gather_rows<<<gg, 256, 0, s>>>(hidden, g->d_idx, W, (__nv_bfloat16 *)g->feat);
         KDT_CUDA_CHECK_LAUNCH("dflash gather_rows");
-        TRY(mm(g, k, c.hid, W, g->fc, g->feat, g->ctx, 0.0f));
-        TRY(kdt_mk_rmsnorm(g->ctx, c.hid, nullptr, k, c.hid, g->hidden_norm, c.eps, nullptr, 0, g->chn, c.hid, g->dt, s));
+        KDT_TRY(mm(g, k, c.hid, W, g->fc, g->feat, g->ctx, 0.0f));
+        KDT_TRY(kdt_mk_rmsnorm(g->ctx, c.hid, nullptr, k, c.hid, g->hidden_norm, c.eps, nullptr, 0, g->chn, c.hid, g->dt, s));
         for (int32_t l = 0; l < c.L; l++) {
             const void *wkv = (const char *)g->ly[l].qkv + (size_t)g->qd * c.hid * g->es; /* the k and v rows */
-            TRY(mm(g, k, 2 * (int64_t)g->kvd, c.hid, wkv, g->chn, g->kv, 0.0f));
+            KDT_TRY(mm(g, k, 2 * (int64_t)g->kvd, c.hid, wkv, g->chn, g->kv, 0.0f));
             kv_store<<<dim3((unsigned)k, (unsigned)c.KV), 64, (size_t)c.hd * 4, s>>>(
                 g->kv, g->kvd, g->d_idx + k, g->d_idx + 2 * k, c.L, l, g->max_len, c.hd, g->ly[l].k_norm, g->inv_freq, c.eps, g->kc, g->vc);
             KDT_CUDA_CHECK_LAUNCH("dflash kv_store");
@@ -431,7 +420,7 @@ extern "C" kdt_status dfl_dev_propose(dfl_dev *g, int32_t B, const int32_t *slot
     const dfl_config &c = g->c;
     cudaStream_t s = (cudaStream_t)stream;
     const int32_t R = B * c.bs, D = g->D;
-    DFL_CUBLAS_CHECK(cublasSetStream(g->blas, s));
+    KDT_CUBLAS_CHECK(cublasSetStream(g->blas, s));
     KDT_CUDA_CHECK(cudaStreamSynchronize(s)); /* h_idx is free */
     int32_t *tok = g->h_idx, *pos = tok + R, *sl = pos + R, *nc = sl + B, *last = nc + B;
     for (int32_t b = 0; b < B; b++) {
@@ -443,16 +432,16 @@ extern "C" kdt_status dfl_dev_propose(dfl_dev *g, int32_t B, const int32_t *slot
         nc[b] = n_ctx[b];
         for (int32_t d = 0; d < D; d++) last[b * D + d] = b * c.bs + 1 + d;
     }
-    TRY(put_idx(g, 2 * (size_t)R + 2 * B + (size_t)B * D, s));
+    KDT_TRY(put_idx(g, 2 * (size_t)R + 2 * B + (size_t)B * D, s));
     const int32_t *d_tok = g->d_idx, *d_pos = d_tok + R, *d_sl = d_pos + R, *d_nc = d_sl + B, *d_last = d_nc + B;
-    TRY(kdt_mk_embed(g->x, g->embed, g->dt, d_tok, R, c.hid, s));
+    KDT_TRY(kdt_mk_embed(g->x, g->embed, g->dt, d_tok, R, c.hid, s));
     if (c.emb_scale != 1.0f) {
         scale<<<grid_of((int64_t)R * c.hid), 256, 0, s>>>(g->x, (int64_t)R * c.hid, c.emb_scale);
         KDT_CUDA_CHECK_LAUNCH("dflash scale");
     }
-    for (int32_t l = 0; l < c.L; l++) TRY(layer(g, l, B, d_pos, d_sl, d_nc, s));
-    TRY(kdt_mk_rmsnorm(g->x, c.hid, d_last, (int64_t)B * D, c.hid, g->norm, c.eps, nullptr, 0, g->hn, c.hid, g->dt, s));
-    TRY(mm(g, (int64_t)B * D, c.V, c.hid, g->lm_head, g->hn, g->logits, 0.0f));
+    for (int32_t l = 0; l < c.L; l++) KDT_TRY(layer(g, l, B, d_pos, d_sl, d_nc, s));
+    KDT_TRY(kdt_mk_rmsnorm(g->x, c.hid, d_last, (int64_t)B * D, c.hid, g->norm, c.eps, nullptr, 0, g->hn, c.hid, g->dt, s));
+    KDT_TRY(mm(g, (int64_t)B * D, c.V, c.hid, g->lm_head, g->hn, g->logits, 0.0f));
     if (c.out_mult != 1.0f) {
         scale<<<grid_of((int64_t)B * D * c.V), 256, 0, s>>>(g->logits, (int64_t)B * D * c.V, c.out_mult);
         KDT_CUDA_CHECK_LAUNCH("dflash scale");
