@@ -260,17 +260,27 @@ __global__ void moe_combine_kernel(float *x, const float *ye, const int32_t *idx
     }
 }
 
+/* splitmix64's output for state seed after c steps. */
+__device__ __forceinline__ uint64_t splitmix64_at(uint64_t seed, uint64_t c) {
+    uint64_t z = seed + c * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 /* splitmix64 of (seed, i): uniform in [center - scale, center + scale). */
 template <typename T>
 __global__ void fill_uniform_kernel(T *dst, size_t n, uint64_t seed, float center, float scale) {
     GRID_STRIDE(i, (int64_t)n) {
-        uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        const uint64_t z = splitmix64_at(seed, (uint64_t)i + 1);
         const float u = (float)((double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
         dst[i] = from_f32<T>(center + scale * u);
     }
+}
+
+/* Random bytes (quantized codes): the top byte of splitmix64 of (seed, i), masked. */
+__global__ void fill_codes_kernel(uint8_t *dst, size_t n, uint64_t seed, uint8_t mask) {
+    GRID_STRIDE(i, (int64_t)n) dst[i] = (uint8_t)(splitmix64_at(seed, (uint64_t)i) >> 56) & mask;
 }
 
 /* Runs F<float> or F<__nv_bfloat16> as dt says. */
@@ -424,6 +434,12 @@ extern "C" kdt_status kdt_cuda_fill_uniform(void *dst, kdt_dtype dt, size_t n, u
     BY_DTYPE(dt, (fill_uniform_kernel<<<g, kThreads>>>((float *)dst, n, seed, center, scale)),
              (fill_uniform_kernel<<<g, kThreads>>>((bf16 *)dst, n, seed, center, scale)));
     KDT_CUDA_CHECK_LAUNCH("fill_uniform");
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_cuda_fill_codes(void *dst, size_t n, uint64_t seed, uint8_t mask) {
+    fill_codes_kernel<<<grid_for((int64_t)n), kThreads>>>((uint8_t *)dst, n, seed, mask);
+    KDT_CUDA_CHECK_LAUNCH("fill_codes");
     return KDT_OK;
 }
 

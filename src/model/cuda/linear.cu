@@ -20,17 +20,6 @@ __global__ void place_kernel(float *__restrict__ y, int64_t ldy, int64_t col0, c
     }
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-__global__ void fill_codes_kernel(uint8_t *dst, size_t n, uint64_t seed, uint8_t mask) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = (uint8_t)(mix64(seed + i * 0x9E3779B97F4A7C15ull) >> 56) & mask;
-}
-
 unsigned blocks_for(int64_t n) { return (unsigned)(n < 256 * 4096 ? (n + 255) / 256 : 4096); }
 
 /* Matrix e's slice of part p: weights and scales. */
@@ -93,10 +82,4 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
 extern "C" kdt_status kdt_lin_prepare(kdt_model *m) {
     if (!m->deq_elems || m->d_deq) return KDT_OK;
     return kdt_model_dbuf(m, m->deq_elems * 2, &m->d_deq);
-}
-
-extern "C" kdt_status kdt_cuda_fill_codes(void *dst, size_t n, uint64_t seed, uint8_t mask) {
-    fill_codes_kernel<<<blocks_for((int64_t)n), 256>>>((uint8_t *)dst, n, seed, mask);
-    KDT_CUDA_CHECK_LAUNCH("fill_codes");
-    return KDT_OK;
 }
