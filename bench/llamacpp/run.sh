@@ -42,7 +42,7 @@ L=${LLAMA_DIR:-$W/llama}
 say "INFO  llama.cpp: $(cat "$L/VERSION" 2>/dev/null || echo 'no VERSION in the tarball')"
 
 # 1. The builds: kdt when absent, llama.cpp when the tarball holds its source; side by side.
-MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 if [ -x "$BUILD/kdt" ]; then
     say "INFO  $BUILD/kdt present, not rebuilt"
