@@ -82,6 +82,8 @@ static float __shfl_xor_sync(unsigned, float v, int mask) {
     return r;
 }
 
+static void kdt_pdl_begin() {} /* programmatic dependent launch: nothing to wait for here */
+
 #include "model/cuda/moe.cuh"
 #include "model/quant.h"
 

@@ -17,7 +17,7 @@
 #define CUDA_MAX_TOPK 64
 #define CUDA_MAX_DV 512
 
-#define KNOWN_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_GEMV | KDT_MODEL_FUSED)
+#define KNOWN_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_GEMV | KDT_MODEL_FUSED | KDT_MODEL_PDL)
 /* A model's flags without $KDT_MODEL_FLAGS: the device MoE and CUDA graphs (tests/test_model_graph
  * passed on the H200, 2026-12-02: graphs bit for bit, the device MoE within 1e-4 of cuBLAS's in f32;
  * the built-in model's decode at batch 1 went from 580 to 2,323 tokens/s), and the fused router (issue 21:

@@ -327,6 +327,7 @@ struct Fwd {
     bool moe_small;              /* MoE layers run moe.cu's kernels: no host wait */
     bool gemv;                   /* projections run moe.cu's small-batch kernel (KDT_MODEL_GEMV) */
     bool fused;                  /* KDT_MODEL_FUSED: route.cu's one-launch router where it fits */
+    bool pdl;                    /* KDT_MODEL_PDL: the model's kernels with programmatic dependent launch */
     bool all;                    /* logits of every row (else of each request's last row) */
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
     const float *mtp_h;          /* an MTP model's mtp_hidden [R, hidden] (device) */
@@ -511,7 +512,7 @@ bool on_device(const void *p) {
 
 /* The forward's device work, from the uploaded inputs to f.log_out and f.hid_out, on f.s; no host
  * wait inside when f.moe_small or the model has no MoE layer. */
-kdt_status compute(Fwd &f) {
+kdt_status compute_layers(Fwd &f) {
     const Dims &d = f.d;
     const Bufs &u = f.u;
     const kdt_model *m = f.m;
@@ -549,6 +550,14 @@ kdt_status compute(Fwd &f) {
     const kdt_dlin head = {KDT_WFMT_DENSE, d.V, d.hid, 1, 1, d.V, {m->d_lm_head, nullptr}, {nullptr, nullptr}};
     if (f.log_out) KDT_TRY(proj(f, d.RL, head, u.hn, f.log_out, 0.0f));
     return KDT_OK;
+}
+
+/* compute_layers, its kernels launched with PDL where f.pdl says so. */
+kdt_status compute(Fwd &f) {
+    kdt_mk_set_pdl(f.pdl);
+    const kdt_status s = compute_layers(f);
+    kdt_mk_set_pdl(0);
+    return s;
 }
 
 kdt_status compute_on(void *arg, cudaStream_t s) {
@@ -619,6 +628,9 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
                   (few_rows || few_macs);
     f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
+    /* Not where a copy or a fill sits between kernels (the drafter's hidden layers, a model without
+     * nope dims): programmatic edges are kept to kernel after kernel. */
+    f.pdl = (m->flags & KDT_MODEL_PDL) && d.nope && !(hidden && m->n_hid_layers);
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
     f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;

@@ -12,6 +12,11 @@
 extern "C" {
 #endif
 
+/* Whether the calling thread's launches of the model's kernels use programmatic dependent launch
+ * (pdl.cuh); the forward sets it for its own work (KDT_MODEL_PDL) and clears it after. */
+void kdt_mk_set_pdl(int on);
+int  kdt_mk_pdl(void);
+
 /* x [R, hid] f32 = rows tokens [R] of embed [V, hid] (dt). */
 kdt_status kdt_mk_embed(float *x, const void *embed, kdt_dtype dt, const int32_t *tokens, int64_t R, int32_t hid,
                         cudaStream_t s);
@@ -35,9 +40,9 @@ kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *cs, const fl
                          cudaStream_t s);
 
 /* kdt_mk_q_prep and the W_UK absorb of the forward in one launch, for small batches (a block per
- * row, head and 128 of the Dv columns reads its W_UK_h columns): qabs [R, H, Dv + rope] (dt) =
- * [q_nope . W_UK_h, rope(q_rope)], W_UK_h the first nope rows of head h of kv_b [H, nope + vd, Dv]
- * (dt). Deterministic, and a row's bits do not depend on the batch. */
+ * head, 64 of the Dv columns and row, its 8 warps splitting the nope sum): qabs [R, H, Dv + rope]
+ * (dt) = [q_nope . W_UK_h, rope(q_rope)], W_UK_h the first nope rows of head h of kv_b
+ * [H, nope + vd, Dv] (dt). Dv even. Deterministic, and a row's bits do not depend on the batch. */
 kdt_status kdt_mk_q_absorb(const float *q, int64_t q_ld, const float *cs, const float *sn, int64_t R, int32_t H, int32_t nope,
                            int32_t rope, int32_t Dv, int interleave, const void *kv_b, int32_t vd, void *qabs, kdt_dtype dt,
                            cudaStream_t s);

@@ -18,6 +18,7 @@
 #include "common/cuda/cuda_common.cuh"
 #include "model/cuda/kernels.h"
 #include "model/cuda/linear.h"
+#include "model/cuda/pdl.cuh"
 
 namespace {
 
@@ -38,11 +39,12 @@ template <typename T, int kRows, typename WG, typename WD>
 kdt_status launch(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, WG w_gu,
                   WD w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
-    moe_small_kernel<T, true, kRows><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), (unsigned)E, slices(R)), kThreads, 0, s>>>(
-        (const T *)x, perm, K, counts, offs, w_gu, hid, I, act, 0, false);
+    KDT_CUDA_CHECK(kdt_pdl_launch(moe_small_kernel<T, true, kRows, WG>, dim3((unsigned)((I + gu_cols - 1) / gu_cols), (unsigned)E, slices(R)),
+                                  dim3(kThreads), 0, s, (const T *)x, perm, K, counts, offs, w_gu, hid, I, act, 0, false));
     KDT_CUDA_CHECK_LAUNCH("moe_small gate_up");
-    moe_small_kernel<T, false, kRows><<<dim3((unsigned)((hid + down_cols - 1) / down_cols), (unsigned)E, slices(R)), kThreads, 0, s>>>(
-        (const T *)act, perm, K, counts, offs, w_down, I, hid, ye, 0, false);
+    KDT_CUDA_CHECK(kdt_pdl_launch(moe_small_kernel<T, false, kRows, WD>,
+                                  dim3((unsigned)((hid + down_cols - 1) / down_cols), (unsigned)E, slices(R)), dim3(kThreads), 0, s,
+                                  (const T *)act, perm, K, counts, offs, w_down, I, hid, ye, 0, false));
     KDT_CUDA_CHECK_LAUNCH("moe_small down");
     return KDT_OK;
 }
@@ -52,12 +54,14 @@ kdt_status launch_dense(int32_t R, const void *x, const void *w, int32_t K, int3
                         cudaStream_t s) {
     if (gate_up) {
         const int cols = kWarps * kW / 2;
-        moe_small_kernel<T, true, kRows><<<dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)), kThreads, 0, s>>>(
-            (const T *)x, nullptr, 1, nullptr, nullptr, WPlain<T>{(const T *)w}, K, N, y, R, false);
+        KDT_CUDA_CHECK(kdt_pdl_launch(moe_small_kernel<T, true, kRows, WPlain<T>>, dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)),
+                                      dim3(kThreads), 0, s, (const T *)x, nullptr, 1, nullptr, nullptr, WPlain<T>{(const T *)w}, K, N,
+                                      y, R, false));
     } else {
         const int cols = kWarps * kW;
-        moe_small_kernel<T, false, kRows><<<dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)), kThreads, 0, s>>>(
-            (const T *)x, nullptr, 1, nullptr, nullptr, WPlain<T>{(const T *)w}, K, N, y, R, accumulate != 0);
+        KDT_CUDA_CHECK(kdt_pdl_launch(moe_small_kernel<T, false, kRows, WPlain<T>>, dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)),
+                                      dim3(kThreads), 0, s, (const T *)x, nullptr, 1, nullptr, nullptr, WPlain<T>{(const T *)w}, K, N,
+                                      y, R, accumulate != 0));
     }
     KDT_CUDA_CHECK_LAUNCH("dense_small");
     return KDT_OK;

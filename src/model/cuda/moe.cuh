@@ -1,7 +1,7 @@
 /* The device code of moe.cu's kernel, with no includes of its own, so that
  * tests/test_model_moe_emu.cc runs it on CPU threads. The CUDA subset it uses: blockIdx, threadIdx,
  * __shared__, __syncthreads, __shfl_xor_sync, uint2 / uint4 / float4 loads, bf16 conversions,
- * __uint_as_float. See moe.cu for the design. */
+ * __uint_as_float, and pdl.cuh's kdt_pdl_begin (nothing on CPU threads). See moe.cu for the design. */
 #pragma once
 
 constexpr int kWarps = 8;
@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
                                                              const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
                                                              const WF w, int n_in, int n_out, void *out,
                                                              int dense_rows, bool accumulate) {
+    kdt_pdl_begin();
     constexpr int kChunk = kChunkBytes / (int)sizeof(T); /* elements of a staged row */
     constexpr int kColsPerWarp = kGateUp ? kW / 2 : kW;
     __shared__ __align__(16) T xs[kRows * kChunk];

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/cuda/cuda_common.cuh"
+#include "model/cuda/pdl.cuh"
 #include "model/cuda/route.h"
 
 namespace {
@@ -23,6 +24,7 @@ size_t smem_bytes(int32_t E, int32_t G, int32_t K) {
 
 __global__ void __launch_bounds__(kThreads) route_plan_kernel(RoutePlanArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
+    kdt_pdl_begin();
     route_plan_block(a, smem);
 }
 
@@ -40,7 +42,7 @@ extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t 
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: one-block router of %lld rows, %d experts in %d groups, top %d, hidden %d",
                         (long long)R, E, G, K, hid);
     RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos};
-    route_plan_kernel<<<1, kThreads, smem_bytes(E, G, K), s>>>(a);
+    KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(kThreads), smem_bytes(E, G, K), s, a));
     KDT_CUDA_CHECK_LAUNCH("route_plan");
     return KDT_OK;
 }
