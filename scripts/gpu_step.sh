@@ -132,7 +132,7 @@ with open(sys.argv[2], "w") as f:
     for r, u in zip(step, us): w.writerow([r[name][:120], r[grid], f"{u:.2f}"])
 by = {}
 for r, u in zip(step, us):
-    key = r[name].split("(")[0][:50]
+    key = r[name].replace("(anonymous namespace)::", "").removeprefix("void ").split("(")[0][:50]
     n, t = by.get(key, (0, 0.0)); by[key] = (n + 1, t + u)
 top = sorted(by.items(), key=lambda t: -t[1][1])[:9]
 print(f"      ncu {sys.argv[4]}: forward {k} (embed grid {gx(k)} blocks: rows), {len(step)} kernels, {sum(us):.1f} us (graphs off, caches flushed per kernel); " +

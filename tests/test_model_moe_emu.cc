@@ -256,6 +256,55 @@ static std::vector<float> run_case(const char *name, int R, int K, int E, int hi
     return res;
 }
 
+/* kernels.cu's rmsnorm of row x [n] as that kernel sums it (256 threads, lane-strided fmaf, a
+ * butterfly per warp, one over the 8 warps' sums), the output rounded to T. */
+template <typename T> static void rmsnorm_ref(const float *x, const float *w, int n, float eps, T *out) {
+    float lane[256], part[32] = {};
+    for (int t = 0; t < 256; t++) {
+        lane[t] = 0.f;
+        for (int j = t; j < n; j += 256) lane[t] = fmaf(x[j], x[j], lane[t]);
+    }
+    auto butterfly = [](float *v) {
+        for (int o = 16; o > 0; o >>= 1) {
+            float nv[32];
+            for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+            memcpy(v, nv, sizeof nv);
+        }
+    };
+    for (int w = 0; w < 8; w++) {
+        butterfly(lane + 32 * w);
+        part[w] = lane[32 * w];
+    }
+    butterfly(part);
+    const float inv = 1.0f / sqrtf(part[0] / (float)n + eps);
+    for (int j = 0; j < n; j++) out[j] = from_f32<T>(w[j] * (x[j] * inv));
+}
+
+/* The dense product with its input normalized while staged (NormIn, rows picked by index) against
+ * the same product of rows normalized first as kernels.cu's rmsnorm does: the same bits. */
+template <typename T, int kRows> static void run_norm_case(int R, int n_in, int N) {
+    std::vector<float> x((size_t)(R + 3) * n_in), nw(n_in), y0((size_t)R * N, NAN), y1((size_t)R * N, NAN);
+    std::vector<T> w((size_t)N * n_in), xn((size_t)R * n_in);
+    std::vector<int32_t> rows(R);
+    for (auto &v : x) v = uni() * 3.0f;
+    for (auto &v : nw) v = 1.0f + 0.5f * uni();
+    for (auto &v : w) v = from_f32<T>(uni() * 0.2f);
+    for (int r = 0; r < R; r++) {
+        rows[r] = (r * 7 + 2) % (R + 3);
+        rmsnorm_ref<T>(&x[(size_t)rows[r] * n_in], nw.data(), n_in, 1e-6f, &xn[(size_t)r * n_in]);
+    }
+    const unsigned gx = (unsigned)((N + kWarps * kW - 1) / (kWarps * kW)), gz = (unsigned)((R + kSliceRows - 1) / kSliceRows);
+    const T *xp = xn.data(), *wp = w.data();
+    float *p0 = y0.data(), *p1 = y1.data();
+    const NormIn nin = {x.data(), nw.data(), rows.data(), 1e-6f};
+    launch(gx, 1, gz, [=] { moe_small_kernel<T, false, kRows>(xp, nullptr, 1, nullptr, nullptr, WPlain<T>{wp}, n_in, N, p0, R, false); });
+    launch(gx, 1, gz, [=] { moe_small_kernel<T, false, kRows>(nullptr, nullptr, 1, nullptr, nullptr, WPlain<T>{wp}, n_in, N, p1, R, false, nin); });
+    const bool ok = !memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) && !std::isnan(y1[0]);
+    g_fail += !ok;
+    printf("%s  moe kernel (emulated) dense %s, %d rows/pass: R %d K %d N %d, the norm made while staging (rows by index) = "
+           "kernels.cu's rmsnorm first, bit for bit\n", ok ? "PASS" : "FAIL", sizeof(T) == 2 ? "bf16" : "f32", kRows, R, n_in, N);
+}
+
 /* Sizes: blocks of experts with no rows return at once, so a case costs its active blocks; small
  * grids keep the run short on two cores. */
 int main() {
@@ -266,6 +315,9 @@ int main() {
     run_case<bf16, 16>("routed, 2 row slices", kSliceRows + 3, 1, 1, 16, 8, false);
     run_case<bf16, 4>("dense", 3, 1, 1, 48, 24, true);
     run_case<float, 16>("dense", 16, 1, 1, 64, 40, true);
+    run_norm_case<bf16, 1>(1, 264, 40);
+    run_norm_case<bf16, 16>(11, 1040, 32);
+    run_norm_case<float, 4>(3, 80, 36);
     /* Quantized experts against the CPU's dequantizers: FP8 gate/up in two parts (I % 128 != 0) and
      * in one (with a partial K block), INT4 (several groups per row, rows of 2 chunks). */
     run_case<bf16, 4, 1>("routed", 3, 2, 4, 48, 24, false);

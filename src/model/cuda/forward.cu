@@ -349,11 +349,24 @@ bool small_product(const Fwd &f, int64_t M, const kdt_dlin &W, bool any_size) {
  * small-batch kernel where small_product says so. */
 kdt_status proj(Fwd &f, int64_t M, const kdt_dlin &W, const void *x, float *y, float beta, bool any_size = true) {
     if (small_product(f, M, W, any_size))
-        return kdt_mk_dense_small((int32_t)M, x, W.w[0], W.K, W.N, 0, y, beta != 0.0f, f.d.dt, f.s);
+        return kdt_mk_dense_small((int32_t)M, x, W.w[0], W.K, W.N, 0, y, beta != 0.0f, nullptr, f.d.dt, f.s);
     return kdt_lin(&f.lc, &W, 0, M, x, y, beta != 0.0f);
 }
 
-/* MLA attention of layer l: u.hn [R, hidden] in, x += o_proj(attention). */
+/* u.hn [M, hidden] (dt) = the norm's M rows. */
+kdt_status norm_rows(Fwd &f, int64_t M, const kdt_mk_norm &n) {
+    return kdt_mk_rmsnorm(n.x, f.d.hid, n.rows, M, f.d.hid, n.w, n.eps, nullptr, 0, f.u.hn, f.d.hid, f.d.dt, f.s);
+}
+
+/* y [M, N] f32 = norm's M rows . W^T: normalized inside the small-batch kernel (no norm launch), or
+ * to u.hn first, then kdt_lin. */
+kdt_status proj_normed(Fwd &f, int64_t M, const kdt_dlin &W, const kdt_mk_norm &n, float *y, bool any_size) {
+    if (small_product(f, M, W, any_size)) return kdt_mk_dense_small((int32_t)M, nullptr, W.w[0], W.K, W.N, 0, y, 0, &n, f.d.dt, f.s);
+    KDT_TRY(norm_rows(f, M, n));
+    return kdt_lin(&f.lc, &W, 0, M, f.u.hn, y, 0);
+}
+
+/* MLA attention of layer l on the attention norm of u.x: x += o_proj(attention). */
 kdt_status attention(Fwd &f, int32_t l) {
     const Dims &d = f.d;
     const Bufs &u = f.u;
@@ -361,7 +374,7 @@ kdt_status attention(Fwd &f, int32_t l) {
     const kdt_model_config *cf = &f.m->cfg;
     cublasHandle_t h = f.x->blas;
     /* [q_a | kv_a] (or [q_proj | kv_a]) of the normed rows: a_out [R, Wa] f32 */
-    KDT_TRY(proj(f, d.R, L->attn_in, u.hn, u.a_out, 0.0f, false));
+    KDT_TRY(proj_normed(f, d.R, L->attn_in, kdt_mk_norm{u.x, L->attn_norm, nullptr, cf->rms_norm_eps}, u.a_out, false));
     const float *q = u.a_out;
     int64_t q_ld = d.Wa;
     /* With f.fused both norms of [q_a | kv_a] (and the cache append) are one launch. */
@@ -410,13 +423,14 @@ kdt_status attention(Fwd &f, int32_t l) {
     return proj(f, d.R, L->o, u.ov, u.x, 1.0f);
 }
 
-/* A SiLU-gated MLP on the rows u.hn [R, hidden] (dt): x += down(silu(gate hn) * up hn). */
-kdt_status mlp(Fwd &f, const kdt_mlp_dw *w) {
+/* A SiLU-gated MLP on the rows u.hn [R, hidden] (dt), or on norm's rows: x += down(silu(gate hn) * up hn). */
+kdt_status mlp(Fwd &f, const kdt_mlp_dw *w, const kdt_mk_norm *norm) {
     const Dims &d = f.d;
     const int64_t I = w->inter;
     if (small_product(f, d.R, w->gate_up, true))
-        KDT_TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up.w[0], d.hid, (int32_t)I, 1, f.u.act, 0, d.dt, f.s));
+        KDT_TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up.w[0], d.hid, (int32_t)I, 1, f.u.act, 0, norm, d.dt, f.s));
     else {
+        if (norm) KDT_TRY(norm_rows(f, d.R, *norm));
         KDT_TRY(kdt_lin(&f.lc, &w->gate_up, 0, d.R, f.u.hn, f.u.gu, 0));
         KDT_TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
     }
@@ -450,7 +464,7 @@ kdt_status moe(Fwd &f, int32_t l) {
         KDT_TRY(kdt_lin_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, &L->exp_gate_up, &L->exp_down, d.hid, (int32_t)I, u.act,
                               u.ye, d.dt, f.s));
         KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
-        return L->shared.inter ? mlp(f, &L->shared) : KDT_OK;
+        return L->shared.inter ? mlp(f, &L->shared, nullptr) : KDT_OK;
     }
     KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->h_counts, u.counts, (size_t)d.E * sizeof(int32_t), cudaMemcpyDeviceToHost, f.s));
     KDT_CUDA_CHECK(cudaStreamSynchronize(f.s));
@@ -465,7 +479,7 @@ kdt_status moe(Fwd &f, int32_t l) {
     for (int64_t e = 0, off = 0; e < d.E; off += f.x->h_counts[e], e++)
         KDT_TRY(kdt_lin(&f.lc, &L->exp_down, e, f.x->h_counts[e], (const char *)u.act + off * I * d.es, u.ye + off * d.hid, 0));
     KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
-    return L->shared.inter ? mlp(f, &L->shared) : KDT_OK;
+    return L->shared.inter ? mlp(f, &L->shared, nullptr) : KDT_OK;
 }
 
 /* Host side of the inputs: tokens, positions, each row's cache row, LOGITS_LAST rows, the
@@ -531,24 +545,29 @@ kdt_status compute_layers(Fwd &f) {
     const int32_t nh = m->n_hid_layers;
     for (int32_t l = 0; l < cf->num_hidden_layers; l++) {
         const kdt_layer_dw *L = &m->dlayers[l];
-        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->attn_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt, f.s));
         KDT_TRY(attention(f, l));
-        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, L->is_moe ? u.hf : nullptr, d.hid,
-                           u.hn, d.hid, d.dt, f.s));
-        KDT_TRY(L->is_moe ? moe(f, l) : mlp(f, &L->dense));
+        const kdt_mk_norm ffn = {u.x, L->ffn_norm, nullptr, cf->rms_norm_eps};
+        if (L->is_moe) { /* the router (f32), the experts and the shared expert read it */
+            KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, u.hf, d.hid, u.hn, d.hid, d.dt, f.s));
+            KDT_TRY(moe(f, l));
+        } else {
+            KDT_TRY(mlp(f, &L->dense, &ffn));
+        }
         for (int32_t i = 0; f.hid_out && i < nh; i++) /* the drafter's layers: hidden [R, nh * hidden] */
             if (m->hid_layers[i] == l)
                 KDT_CUDA_CHECK(cudaMemcpy2DAsync(f.hid_out + (size_t)i * d.hid, (size_t)nh * d.hid * 4, u.x, (size_t)d.hid * 4,
                                                  (size_t)d.hid * 4, (size_t)d.R, cudaMemcpyDeviceToDevice, f.s));
     }
-    if ((f.hid_out && !nh) || (f.log_out && f.all))
-        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, nh ? nullptr : f.hid_out, d.hid,
+    /* The final norm: its own launch where the hidden states are wanted, else in the LM head's. */
+    const bool hid_final = f.hid_out && !nh;
+    if (hid_final)
+        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_final_norm, cf->rms_norm_eps, f.hid_out, d.hid,
                            f.log_out && f.all ? u.hn : nullptr, d.hid, d.dt, f.s));
-    if (f.log_out && !f.all)
-        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, u.last, d.RL, d.hid, m->d_final_norm, cf->rms_norm_eps, nullptr, 0, u.hn, d.hid, d.dt,
-                           f.s));
     const kdt_dlin head = {KDT_WFMT_DENSE, d.V, d.hid, 1, 1, d.V, {m->d_lm_head, nullptr}, {nullptr, nullptr}};
-    if (f.log_out) KDT_TRY(proj(f, d.RL, head, u.hn, f.log_out, 0.0f));
+    if (f.log_out && hid_final && f.all) return proj(f, d.RL, head, u.hn, f.log_out, 0.0f);
+    if (f.log_out)
+        return proj_normed(f, d.RL, head, kdt_mk_norm{u.x, m->d_final_norm, f.all ? nullptr : u.last, cf->rms_norm_eps}, f.log_out,
+                           true);
     return KDT_OK;
 }
 

@@ -81,11 +81,20 @@ kdt_status kdt_mk_moe_plan(const int32_t *idx, int64_t n, int32_t E, int32_t *co
  * w_gate_up [E, 2I, hid], w_down [E, hid, I] (dt). f32 accumulation in a fixed order
  * (deterministic). Needs kdt_mk_moe_small_fits(hid, I): both multiples of 8. */
 int        kdt_mk_moe_small_fits(int32_t hid, int32_t I);
+/* An RMSNorm made by the kernel that reads its output: rows x[rows ? rows[i] : i] [K] f32 (row
+ * stride K), weights w [K], as kdt_mk_rmsnorm computes them (the same bits). */
+typedef struct kdt_mk_norm {
+    const float *x, *w;
+    const int32_t *rows;
+    float eps;
+} kdt_mk_norm;
+
 /* The same kernels on R rows (at most a few tens; weights streamed once per 16 rows) of x [R, K]
  * (dt) and w [N, K] (dt), K % 8 == 0: gate_up: y [R, N] (dt) = silu(x . w[:N]^T) * (x . w[N:2N]^T),
- * w [2N, K]; else y [R, N] f32 = x . w^T, added to y when accumulate. Deterministic. */
+ * w [2N, K]; else y [R, N] f32 = x . w^T, added to y when accumulate. With norm, x is norm's output
+ * (x itself unread), normalized while staged: no norm launch before. Deterministic. */
 kdt_status kdt_mk_dense_small(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y,
-                              int accumulate, kdt_dtype dt, cudaStream_t s);
+                              int accumulate, const kdt_mk_norm *norm, kdt_dtype dt, cudaStream_t s);
 kdt_status kdt_mk_moe_small(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
                             const void *w_gate_up, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act,
                             float *ye, kdt_dtype dt, cudaStream_t s);

@@ -40,28 +40,28 @@ kdt_status launch(int64_t R, const void *x, const int32_t *perm, int32_t K, cons
                   WD w_down, int32_t E, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int gu_cols = kWarps * kW / 2, down_cols = kWarps * kW;
     KDT_CUDA_CHECK(kdt_pdl_launch(moe_small_kernel<T, true, kRows, WG>, dim3((unsigned)((I + gu_cols - 1) / gu_cols), (unsigned)E, slices(R)),
-                                  dim3(kThreads), 0, s, (const T *)x, perm, K, counts, offs, w_gu, hid, I, act, 0, false));
+                                  dim3(kThreads), 0, s, (const T *)x, perm, K, counts, offs, w_gu, hid, I, act, 0, false, NormIn{}));
     KDT_CUDA_CHECK_LAUNCH("moe_small gate_up");
     KDT_CUDA_CHECK(kdt_pdl_launch(moe_small_kernel<T, false, kRows, WD>,
                                   dim3((unsigned)((hid + down_cols - 1) / down_cols), (unsigned)E, slices(R)), dim3(kThreads), 0, s,
-                                  (const T *)act, perm, K, counts, offs, w_down, I, hid, ye, 0, false));
+                                  (const T *)act, perm, K, counts, offs, w_down, I, hid, ye, 0, false, NormIn{}));
     KDT_CUDA_CHECK_LAUNCH("moe_small down");
     return KDT_OK;
 }
 
 template <typename T, int kRows>
 kdt_status launch_dense(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y, int accumulate,
-                        cudaStream_t s) {
+                        const NormIn &nin, cudaStream_t s) {
     if (gate_up) {
         const int cols = kWarps * kW / 2;
         KDT_CUDA_CHECK(kdt_pdl_launch(moe_small_kernel<T, true, kRows, WPlain<T>>, dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)),
                                       dim3(kThreads), 0, s, (const T *)x, nullptr, 1, nullptr, nullptr, WPlain<T>{(const T *)w}, K, N,
-                                      y, R, false));
+                                      y, R, false, nin));
     } else {
         const int cols = kWarps * kW;
         KDT_CUDA_CHECK(kdt_pdl_launch(moe_small_kernel<T, false, kRows, WPlain<T>>, dim3((unsigned)((N + cols - 1) / cols), 1, slices(R)),
                                       dim3(kThreads), 0, s, (const T *)x, nullptr, 1, nullptr, nullptr, WPlain<T>{(const T *)w}, K, N,
-                                      y, R, accumulate != 0));
+                                      y, R, accumulate != 0, nin));
     }
     KDT_CUDA_CHECK_LAUNCH("dense_small");
     return KDT_OK;
@@ -69,10 +69,10 @@ kdt_status launch_dense(int32_t R, const void *x, const void *w, int32_t K, int3
 
 template <typename T>
 kdt_status dense_rows(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y, int accumulate,
-                      cudaStream_t s) {
-    if (R <= 1) return launch_dense<T, 1>(R, x, w, K, N, gate_up, y, accumulate, s);
-    if (R <= 4) return launch_dense<T, 4>(R, x, w, K, N, gate_up, y, accumulate, s);
-    return launch_dense<T, kMaxRows>(R, x, w, K, N, gate_up, y, accumulate, s);
+                      const NormIn &nin, cudaStream_t s) {
+    if (R <= 1) return launch_dense<T, 1>(R, x, w, K, N, gate_up, y, accumulate, nin, s);
+    if (R <= 4) return launch_dense<T, 4>(R, x, w, K, N, gate_up, y, accumulate, nin, s);
+    return launch_dense<T, kMaxRows>(R, x, w, K, N, gate_up, y, accumulate, nin, s);
 }
 
 template <typename T, typename WG, typename WD>
@@ -86,10 +86,11 @@ kdt_status launch_rows(int64_t R, const void *x, const int32_t *perm, int32_t K,
 } // namespace
 
 extern "C" kdt_status kdt_mk_dense_small(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y,
-                                         int accumulate, kdt_dtype dt, cudaStream_t s) {
+                                         int accumulate, const kdt_mk_norm *norm, kdt_dtype dt, cudaStream_t s) {
     if (R < 1 || K % 8 != 0) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: small-batch product of %d rows, K = %d", R, K);
-    if (dt == KDT_BF16) return dense_rows<bf16>(R, x, w, K, N, gate_up, y, accumulate, s);
-    if (dt == KDT_F32) return dense_rows<float>(R, x, w, K, N, gate_up, y, accumulate, s);
+    const NormIn nin = norm ? NormIn{norm->x, norm->w, norm->rows, norm->eps} : NormIn{};
+    if (dt == KDT_BF16) return dense_rows<bf16>(R, x, w, K, N, gate_up, y, accumulate, nin, s);
+    if (dt == KDT_F32) return dense_rows<float>(R, x, w, K, N, gate_up, y, accumulate, nin, s);
     return kdt_fail(KDT_ERR_DTYPE, "model cuda: activation dtype %s, expected f32 or bf16", kdt_dtype_name(dt));
 }
 

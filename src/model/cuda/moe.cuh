@@ -87,22 +87,64 @@ template <bool kInt4> struct WQuant {
     }
 };
 
+/* The input rows as an RMSNorm of f32 rows, made while staging (the dense products whose input is a
+ * norm's output alone: the attention's first projection, the dense MLP, the LM head), so that the
+ * norm needs no launch of its own: row p is w * (x_r * rsqrt(mean(x_r^2) + eps)) rounded to T,
+ * x_r = x[rows ? rows[p] : p] [n_in] f32, with the sum of squares in kernels.cu's rmsnorm order
+ * (256 threads, lane-strided, two butterflies): the same bits as that kernel. x NULL: off. */
+struct NormIn {
+    const float *x, *w;
+    const int32_t *rows;
+    float eps;
+};
+
+/* inv[r] = 1 / sqrt(mean(x_r^2) + eps) for the nr rows of the pass from r0, each sum in kernels.cu's
+ * rmsnorm order (thread t sums elements t, t + kThreads, ..., a butterfly per warp, then one over the
+ * warps' sums), all rows in one round of barriers. part: [kRows][kWarps]. */
+template <int kRows>
+__device__ __forceinline__ void norm_inv(const NormIn &nin, int r0, int nr, int n_in, float (*part)[kWarps], float *inv) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float ss[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) {
+        ss[r] = 0.f;
+        if (r < nr) {
+            const float *xr = nin.x + (size_t)(nin.rows ? nin.rows[r0 + r] : r0 + r) * n_in;
+            for (int j = threadIdx.x; j < n_in; j += kThreads) ss[r] = fmaf(xr[j], xr[j], ss[r]);
+        }
+        for (int o = 16; o > 0; o >>= 1) ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
+    }
+    __syncthreads(); /* part and inv are no longer read by the previous pass */
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < kRows; r++) part[r][warp] = ss[r];
+    __syncthreads();
+    if (warp != 0) return;
+    for (int r = 0; r < nr; r++) {
+        float v = lane < kWarps ? part[r][lane] : 0.f;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) inv[r] = 1.0f / sqrtf(v / (float)n_in + nin.eps);
+    }
+}
+
 /* kGateUp: w [E, 2I, n_in] (gate rows, then up rows), input rows x[perm[p] / K] of x [*, n_in]
  * (row p without perm), out act [n, I] (T) = silu(gate) * up at each assignment's place p;
  * columns I, a warp computes gate and up of kW / 2 columns. Else: w [E, n_out, n_in], input rows
  * in[p] of [n, n_in], out [n, n_out] f32 (added to when accumulate); a warp computes kW columns.
  * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. w: WPlain<T>, or WQuant with
  * T bf16. Rows are cut in slices of kSliceRows, one per blockIdx.z (gridDim.z covers the most rows an
- * expert can have): the sums' order does not depend on the slicing. */
+ * expert can have): the sums' order does not depend on the slicing. nin.x: the input rows are
+ * NormIn's (dense products only, counts NULL). */
 template <typename T, bool kGateUp, int kRows, typename WF>
 __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1) moe_small_kernel(const T *__restrict__ in, const int32_t *__restrict__ perm, int K,
                                                              const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
                                                              const WF w, int n_in, int n_out, void *out,
-                                                             int dense_rows, bool accumulate) {
+                                                             int dense_rows, bool accumulate, NormIn nin = NormIn{}) {
     kdt_pdl_begin();
     constexpr int kChunk = kChunkBytes / (int)sizeof(T); /* elements of a staged row */
     constexpr int kColsPerWarp = kGateUp ? kW / 2 : kW;
     __shared__ __align__(16) T xs[kRows * kChunk];
+    __shared__ float inv[kRows], part[kRows][kWarps];
     const int e = blockIdx.y, cnt = counts ? counts[e] : dense_rows, r_beg = (int)blockIdx.z * kSliceRows;
     if (cnt <= r_beg) return;
     const int r_end = min(cnt, r_beg + kSliceRows);
@@ -120,6 +162,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
     }
     for (int r0 = r_beg; r0 < r_end; r0 += kRows) {
         const int nr = min(kRows, r_end - r0);
+        if (nin.x) norm_inv<kRows>(nin, r0, nr, n_in, part, inv);
         float acc[kW][kRows];
 #pragma unroll
         for (int q = 0; q < kW; q++)
@@ -133,7 +176,13 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
                 if (i >= len) continue;
                 const int p = off + r0 + r;
                 const size_t src_row = kGateUp && perm ? (size_t)(perm[p] / K) : (size_t)p;
-                store8(xs + r * kChunk + i, in + src_row * n_in + c0 + i);
+                if (nin.x) {
+                    const float *xr = nin.x + (size_t)(nin.rows ? nin.rows[r0 + r] : r0 + r) * n_in + c0 + i;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) xs[r * kChunk + i + k] = from_f32<T>(nin.w[c0 + i + k] * (xr[k] * inv[r]));
+                } else {
+                    store8(xs + r * kChunk + i, in + src_row * n_in + c0 + i);
+                }
             }
             __syncthreads();
 #pragma unroll 2

@@ -13,16 +13,18 @@ namespace {
 
 #include "model/cuda/route.cuh"
 
-constexpr int kThreads = 256;
+/* The block is as wide as its scratch allows: a warp per (row, expert) score and per row's choice,
+ * so a tree of 16 rows waits for one or two of each instead of several in a row. */
+constexpr int kThreads = 256, kMaxThreads = 1024;
 constexpr int kMaxRows = 64;
 constexpr int kMaxScoreWeightBytes = 64 << 10; /* router weights [E, hid] f32 read by the block */
 constexpr int kMaxSmem = 48 << 10;
 
-size_t smem_bytes(int32_t E, int32_t G, int32_t K) {
-    return (size_t)(kThreads / 32) * route_scratch_bytes(E, G, K) + (size_t)E * sizeof(int);
+size_t smem_bytes(int threads, int32_t E, int32_t G, int32_t K) {
+    return (size_t)(threads / 32) * route_scratch_bytes(E, G, K) + (size_t)E * sizeof(int);
 }
 
-__global__ void __launch_bounds__(kThreads) route_plan_kernel(RoutePlanArgs a) {
+__global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
     kdt_pdl_begin();
     route_plan_block(a, smem);
@@ -31,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) route_plan_kernel(RoutePlanArgs a) {
 } // namespace
 
 extern "C" int kdt_mk_route_plan_fits(int64_t R, int32_t E, int32_t G, int32_t K, int32_t hid, int with_scores) {
-    if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0 || smem_bytes(E, G, K) > (size_t)kMaxSmem) return 0;
+    if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0 || smem_bytes(kThreads, E, G, K) > (size_t)kMaxSmem) return 0;
     return !with_scores || (int64_t)E * hid * (int64_t)sizeof(float) <= kMaxScoreWeightBytes;
 }
 
@@ -42,7 +44,8 @@ extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t 
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: one-block router of %lld rows, %d experts in %d groups, top %d, hidden %d",
                         (long long)R, E, G, K, hid);
     RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos};
-    KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(kThreads), smem_bytes(E, G, K), s, a));
+    const int threads = smem_bytes(kMaxThreads, E, G, K) <= (size_t)kMaxSmem ? kMaxThreads : kThreads;
+    KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(threads), smem_bytes(threads, E, G, K), s, a));
     KDT_CUDA_CHECK_LAUNCH("route_plan");
     return KDT_OK;
 }
