@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 21, the shipped model's decode and verify step (branch sB), beside main built in the same run
-# (git archive $MAIN_REF into $BASE; without git the main columns say "no main"). Steps, most
+# (git archive $MAIN_REF into $BASE, else a copy of $MAIN_DIR, default /work/main; without either the
+# main columns are empty and the summary says so). Steps, most
 # important first; a step that would pass $DEADLINE (seconds since the start, default 140) is cut or
 # skipped and says so:
 #   build       this tree and main's, in parallel, sm_90a only;
@@ -37,6 +38,9 @@ say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&
 # 1. Build this tree and main's side by side.
 rm -rf "$BASE" && mkdir -p "$BASE"
 git archive "$MAIN_REF" 2>"$LOGS/main_src.log" | tar -x -C "$BASE" 2>>"$LOGS/main_src.log"
+if [ ! -f "$BASE/Makefile" ] && [ -f "${MAIN_DIR:-/work/main}/Makefile" ]; then  # no git here: a checkout of main's
+    tar -C "${MAIN_DIR:-/work/main}" --exclude=.git --exclude='./build*' -cf - . | tar -x -C "$BASE"
+fi
 if [ -f "$BASE/Makefile" ]; then
     (cd "$BASE" && timeout 110 make -j8 "${MAKEVARS[@]}" BUILD=build build/kdt build/bench/bench_model >"$LOGS/build_main.log" 2>&1)&
     main_pid=$!

@@ -437,7 +437,8 @@ kdt_status mlp(Fwd &f, const kdt_mlp_dw *w, const kdt_mk_norm *norm) {
     return proj(f, d.R, w->down, f.u.act, f.u.x, 1.0f);
 }
 
-/* Routed experts then the shared ones: u.hn (dt) and u.hf (f32, the router's input) in, x += out.
+/* Routed experts then the shared ones on the ffn norm of u.x (u.hf f32, the router's input; u.hn
+ * dt, the experts'): x += out.
  * f.moe_small: moe.cu's two kernels read the grouping on the device. Else the rows of each
  * expert are gathered next to each other, so that an expert is two GEMMs sized on the host. */
 kdt_status moe(Fwd &f, int32_t l) {
@@ -447,13 +448,19 @@ kdt_status moe(Fwd &f, int32_t l) {
     const kdt_model_config *cf = &f.m->cfg;
     cublasHandle_t h = f.x->blas;
     const int64_t RK = d.R * d.K, I = cf->moe_intermediate_size;
-    if (f.fused && kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 0)) {
-        const bool scores = kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 1);
+    const bool plan = f.fused && kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 0);
+    const bool scores = plan && kdt_mk_route_plan_fits(d.R, d.E, cf->n_group, d.K, d.hid, 1);
+    /* The layer's norm: u.hf (f32) for the router, u.hn for the experts; in the router's block
+     * where that block computes the scores. */
+    const kdt_mk_norm ffn = {u.x, L->ffn_norm, nullptr, cf->rms_norm_eps};
+    if (!scores)
+        KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, u.hf, d.hid, u.hn, d.hid, d.dt, f.s));
+    if (plan) {
         if (!scores)
             KDT_TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
         KDT_TRY(kdt_mk_route_plan(scores ? u.hf : nullptr, L->router, d.hid, u.rlog, L->router_bias, d.R, d.E, cf->n_group,
                               cf->topk_group, d.K, cf->norm_topk_prob, cf->routed_scaling_factor, u.gi, u.gw, u.counts, u.offs,
-                              u.perm, u.posa, f.s));
+                              u.perm, u.posa, scores ? &ffn : nullptr, u.hn, d.dt, f.s));
     } else {
         KDT_TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
         KDT_TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
@@ -547,12 +554,7 @@ kdt_status compute_layers(Fwd &f) {
         const kdt_layer_dw *L = &m->dlayers[l];
         KDT_TRY(attention(f, l));
         const kdt_mk_norm ffn = {u.x, L->ffn_norm, nullptr, cf->rms_norm_eps};
-        if (L->is_moe) { /* the router (f32), the experts and the shared expert read it */
-            KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, u.hf, d.hid, u.hn, d.hid, d.dt, f.s));
-            KDT_TRY(moe(f, l));
-        } else {
-            KDT_TRY(mlp(f, &L->dense, &ffn));
-        }
+        KDT_TRY(L->is_moe ? moe(f, l) : mlp(f, &L->dense, &ffn));
         for (int32_t i = 0; f.hid_out && i < nh; i++) /* the drafter's layers: hidden [R, nh * hidden] */
             if (m->hid_layers[i] == l)
                 KDT_CUDA_CHECK(cudaMemcpy2DAsync(f.hid_out + (size_t)i * d.hid, (size_t)nh * d.hid * 4, u.x, (size_t)d.hid * 4,
