@@ -8,7 +8,8 @@
 #   tests       test_model_graph (run to run, graphs and PDL bit for bit, fused vs cuBLAS), test_model_cuda;
 #   generate    kdt generate --model models/kdt-small, batch 1, greedy, 256 new tokens, held-out prompts
 #               1-4: plain and --spec lookup --depth 8 --topk 2 --budget 16; this tree's default flags,
-#               $ALT (default 27: + KDT_MODEL_PDL) and main; decode tokens/s, outputs equal to main's plain;
+#               $ALT (default 27: + KDT_MODEL_PDL; prompts 1 and 3) and main; decode tokens/s, outputs equal
+#               to main's plain;
 #   bench_model built-in and Kimi dims, batch 1/8/32 (prefill, decode, 16-row verify): new, $ALT, main;
 #   bench_argmax tree- vs decode-shaped argmax disagreements on the shipped model (must be 0);
 #   ncu         per-kernel times of one decode step and one 16-row verify step (graphs off: flags 9);
@@ -74,6 +75,7 @@ out_of() { grep -v '^kdt generate' "$LOGS/$1.log" 2>/dev/null | md5sum; }
 for i in 1 2 3 4; do
     ids=$(sed -n "${i}p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
     for v in new alt main; do
+        [ $v = alt ] && [ $i != 1 ] && [ $i != 3 ] && continue  # $ALT on prompts 1 and 3 only (time)
         kdt=build/kdt flags=""
         [ $v = alt ] && flags=$ALT
         [ $v = main ] && kdt=$MAINKDT
@@ -84,13 +86,16 @@ done
 for v in main new alt; do
     pr="" lr="" same=0 eqmain=0
     for i in 1 2 3 4; do
+        [ -f "$LOGS/plain_p${i}_$v.log" ] || continue
         pr="$pr $(rate plain_p${i}_$v)" lr="$lr $(rate lookup_p${i}_$v)"
-        [ "$(out_of plain_p${i}_$v)" = "$(out_of lookup_p${i}_$v)" ] && same=$((same + 1))
-        [ "$(out_of plain_p${i}_$v)" = "$(out_of plain_p${i}_main)" ] && eqmain=$((eqmain + 1))
+        [ -n "$(rate plain_p${i}_$v)" ] || continue  # the run failed: its output counts for nothing
+        [ -n "$(rate lookup_p${i}_$v)" ] && [ "$(out_of plain_p${i}_$v)" = "$(out_of lookup_p${i}_$v)" ] && same=$((same + 1))
+        [ -n "$(rate plain_p${i}_main)" ] && [ "$(out_of plain_p${i}_$v)" = "$(out_of plain_p${i}_main)" ] && eqmain=$((eqmain + 1))
     done
+    [ $v = alt ] && say "      (alt = KDT_MODEL_FLAGS=$ALT, prompts 1 and 3 only)"
     mp=$(echo $pr | awk '{s=0; for(i=1;i<=NF;i++) s+=$i; if (NF) printf "%.1f", s/NF}')
     ml=$(echo $lr | awk '{s=0; for(i=1;i<=NF;i++) s+=$i; if (NF) printf "%.1f", s/NF}')
-    say "INFO  generate $v: plain tokens/s per prompt:$pr (mean ${mp:-?}); lookup D=8 K=2 N=16:$lr (mean ${ml:-?}); lookup = plain on $same of 4; plain = main's plain on $eqmain of 4"
+    say "INFO  generate $v: plain tokens/s per prompt:$pr (mean ${mp:-?}); lookup D=8 K=2 N=16:$lr (mean ${ml:-?}); lookup = plain on $same; plain = main's plain on $eqmain"
     grep -h 'mean accepted\|time per step' "$LOGS"/lookup_p3_$v.log 2>/dev/null | sed "s/^/      p3 $v: /" | tee -a "$OUT/summary.txt"
 done
 
