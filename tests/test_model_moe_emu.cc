@@ -69,7 +69,7 @@ static __nv_bfloat16 __float2bfloat16_rn(float f) { /* finite inputs only */
 }
 static float2 __bfloat1622float2(__nv_bfloat162 v) { return {bf16_to_f32(v.lo), bf16_to_f32(v.hi)}; }
 
-static thread_local dim3 threadIdx, blockIdx;
+static thread_local dim3 threadIdx, blockIdx, gridDim;
 static std::barrier<> *g_block, *g_warp[8];
 static float g_xchg[8][32];
 static void __syncthreads() { g_block->arrive_and_wait(); }
@@ -99,6 +99,7 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, F kern) {
     for (unsigned t = 0; t < (unsigned)kThreads; t++)
         th.emplace_back([=, &block] {
             threadIdx = {t, 0, 0};
+            gridDim = {gx, gy, gz};
             for (unsigned bz = 0; bz < gz; bz++)
                 for (unsigned by = 0; by < gy; by++)
                     for (unsigned bx = 0; bx < gx; bx++) {
@@ -305,6 +306,44 @@ template <typename T, int kRows> static void run_norm_case(int R, int n_in, int 
            "kernels.cu's rmsnorm first, bit for bit\n", ok ? "PASS" : "FAIL", sizeof(T) == 2 ? "bf16" : "f32", kRows, R, n_in, N);
 }
 
+/* A MoE layer's shared expert as one more grid row of the routed experts' launches (WShared,
+ * shared_off) against the routed experts alone and the shared expert as a dense product: the same
+ * bits, rows R * K + r for the shared expert. */
+template <typename T, int kRows> static void run_shared_case(int R, int K, int E, int hid, int I) {
+    std::vector<T> x((size_t)R * hid), wgu((size_t)E * 2 * I * hid), wd((size_t)E * hid * I), sgu((size_t)2 * I * hid), sd((size_t)hid * I);
+    for (auto *v : {&x, &wgu, &wd, &sgu, &sd})
+        for (auto &e : *v) e = from_f32<T>(uni() * 0.5f);
+    const int n = R * K;
+    std::vector<int> idx(n), counts(E, 0), offs(E), perm(n);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) idx[(size_t)r * K + k] = (r + 3 * k) % E; /* distinct per row while K <= E / 3 */
+    for (int j = 0; j < n; j++) counts[idx[j]]++;
+    for (int e = 0, o = 0; e < E; o += counts[e], e++) offs[e] = o;
+    std::vector<int> fill(offs);
+    for (int j = 0; j < n; j++) perm[fill[idx[j]]++] = j;
+    std::vector<T> act((size_t)(n + R) * I), act_r((size_t)n * I), act_s((size_t)R * I);
+    std::vector<float> ye((size_t)(n + R) * hid, NAN), ye_r((size_t)n * hid, NAN), ye_s((size_t)R * hid, NAN);
+    const T *xp = x.data(), *g = wgu.data(), *d = wd.data(), *sg = sgu.data(), *sdp = sd.data();
+    const int *pp = perm.data(), *cp = counts.data(), *op = offs.data();
+    T *a = act.data(), *ar = act_r.data(), *as = act_s.data();
+    float *y = ye.data(), *yr = ye_r.data(), *ys = ye_s.data();
+    const unsigned gu = (unsigned)((I + kWarps * kW / 2 - 1) / (kWarps * kW / 2)), dn = (unsigned)((hid + kWarps * kW - 1) / (kWarps * kW));
+    const WShared<T> wsg = {g, sg, E}, wsd = {d, sdp, E};
+    launch(gu, E + 1, 1, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, wsg, hid, I, a, R, false, NormIn{}, n); });
+    launch(dn, E + 1, 1, [=] { moe_small_kernel<T, false, kRows>(a, pp, K, cp, op, wsd, I, hid, y, R, false, NormIn{}, n); });
+    launch(gu, E, 1, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, WPlain<T>{g}, hid, I, ar, R, false); });
+    launch(dn, E, 1, [=] { moe_small_kernel<T, false, kRows>(ar, pp, K, cp, op, WPlain<T>{d}, I, hid, yr, R, false); });
+    launch(gu, 1, 1, [=] { moe_small_kernel<T, true, kRows>(xp, nullptr, 1, nullptr, nullptr, WPlain<T>{sg}, hid, I, as, R, false); });
+    launch(dn, 1, 1, [=] { moe_small_kernel<T, false, kRows>(as, nullptr, 1, nullptr, nullptr, WPlain<T>{sdp}, I, hid, ys, R, false); });
+    const bool ok = !memcmp(act.data(), act_r.data(), act_r.size() * sizeof(T)) &&
+                    !memcmp(act.data() + act_r.size(), act_s.data(), act_s.size() * sizeof(T)) &&
+                    !memcmp(ye.data(), ye_r.data(), ye_r.size() * sizeof(float)) &&
+                    !memcmp(ye.data() + ye_r.size(), ye_s.data(), ye_s.size() * sizeof(float)) && !std::isnan(ye.back());
+    g_fail += !ok;
+    printf("%s  moe kernel (emulated) routed + shared expert in one launch %s, %d rows/pass: R %d K %d E %d hid %d I %d: = the two "
+           "apart, bit for bit\n", ok ? "PASS" : "FAIL", sizeof(T) == 2 ? "bf16" : "f32", kRows, R, K, E, hid, I);
+}
+
 /* Sizes: blocks of experts with no rows return at once, so a case costs its active blocks; small
  * grids keep the run short on two cores. */
 int main() {
@@ -318,6 +357,8 @@ int main() {
     run_norm_case<bf16, 1>(1, 264, 40);
     run_norm_case<bf16, 16>(11, 1040, 32);
     run_norm_case<float, 4>(3, 80, 36);
+    run_shared_case<bf16, 1>(1, 2, 8, 64, 24);
+    run_shared_case<bf16, 16>(9, 2, 8, 1040, 16);
     /* Quantized experts against the CPU's dequantizers: FP8 gate/up in two parts (I % 128 != 0) and
      * in one (with a partial K block), INT4 (several groups per row, rows of 2 chunks). */
     run_case<bf16, 4, 1>("routed", 3, 2, 4, 48, 24, false);

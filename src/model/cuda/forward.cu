@@ -200,10 +200,11 @@ void layout_inputs(Bump &b, Bufs &u, const Dims &d, const Plan &p) {
 
 void layout_scratch(Bump &b, Bufs &u, const Dims &d, const kdt_model_config *f) {
     const size_t R = (size_t)d.R, es = d.es, RK = (size_t)d.R * (d.E ? d.K : 0);
+    const size_t RKS = d.E ? RK + R : 0; /* routed assignments, then the shared expert's rows (moe()'s fold) */
     size_t gu = R * 2 * (size_t)f->intermediate_size;
     if (d.E) {
         const size_t Im = (size_t)f->moe_intermediate_size, sh = R * 2 * Im * f->n_shared_experts;
-        gu = gu > RK * 2 * Im ? gu : RK * 2 * Im;
+        gu = gu > RKS * 2 * Im ? gu : RKS * 2 * Im;
         gu = gu > sh ? gu : sh;
     }
     b.take(&u.x, R * d.hid * 4);
@@ -229,7 +230,7 @@ void layout_scratch(Bump &b, Bufs &u, const Dims &d, const kdt_model_config *f) 
     b.take(&u.perm, RK * 4);
     b.take(&u.posa, RK * 4);
     b.take(&u.xe, RK * d.hid * es);
-    b.take(&u.ye, RK * d.hid * 4);
+    b.take(&u.ye, RKS * d.hid * 4);
     b.take(&u.logits, (size_t)d.RL * d.V * 4);
     size_t lt = gu > R * d.hid ? gu : R * d.hid; /* kdt_lin_ctx.tmp: any quantized product's [M, N] */
     b.take(&u.lt, (lt > R * d.Wa ? lt : R * d.Wa) * 4);
@@ -468,10 +469,19 @@ kdt_status moe(Fwd &f, int32_t l) {
         KDT_TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
     }
     if (f.moe_small) {
-        KDT_TRY(kdt_lin_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, &L->exp_gate_up, &L->exp_down, d.hid, (int32_t)I, u.act,
-                              u.ye, d.dt, f.s));
-        KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
-        return L->shared.inter ? mlp(f, &L->shared, nullptr) : KDT_OK;
+        /* A small shared expert of the experts' width rides in the routed experts' two launches
+         * (one more grid row) and the combine adds it: 2 launches fewer, the same bits. */
+        const kdt_mlp_dw &sh = L->shared;
+        const bool fold = sh.inter == I && L->exp_gate_up.fmt == KDT_WFMT_DENSE && L->exp_down.fmt == KDT_WFMT_DENSE &&
+                          small_product(f, d.R, sh.gate_up, true) && small_product(f, d.R, sh.down, true);
+        if (fold)
+            KDT_TRY(kdt_mk_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, L->exp_gate_up.w[0], L->exp_down.w[0], sh.gate_up.w[0],
+                                 sh.down.w[0], d.E, d.hid, (int32_t)I, u.act, u.ye, d.dt, f.s));
+        else
+            KDT_TRY(kdt_lin_moe_small(d.R, u.hn, u.perm, d.K, u.counts, u.offs, &L->exp_gate_up, &L->exp_down, d.hid, (int32_t)I,
+                                  u.act, u.ye, d.dt, f.s));
+        KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, fold, f.s));
+        return sh.inter && !fold ? mlp(f, &sh, nullptr) : KDT_OK;
     }
     KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->h_counts, u.counts, (size_t)d.E * sizeof(int32_t), cudaMemcpyDeviceToHost, f.s));
     KDT_CUDA_CHECK(cudaStreamSynchronize(f.s));
@@ -485,7 +495,7 @@ kdt_status moe(Fwd &f, int32_t l) {
     KDT_TRY(kdt_mk_silu_mul(u.gu, total, (int32_t)I, u.act, d.dt, f.s));
     for (int64_t e = 0, off = 0; e < d.E; off += f.x->h_counts[e], e++)
         KDT_TRY(kdt_lin(&f.lc, &L->exp_down, e, f.x->h_counts[e], (const char *)u.act + off * I * d.es, u.ye + off * d.hid, 0));
-    KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, f.s));
+    KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, 0, f.s));
     return L->shared.inter ? mlp(f, &L->shared, nullptr) : KDT_OK;
 }
 

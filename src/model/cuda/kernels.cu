@@ -259,7 +259,7 @@ __global__ void gather_rows_kernel(const T *x, const int32_t *perm, int64_t n, i
 }
 
 __global__ void moe_combine_kernel(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos, int K,
-                                   int E, int hid) {
+                                   int E, int hid, int shared) {
     kdt_pdl_begin();
     __shared__ int order[kMaxTopk];
     __shared__ int cnt;
@@ -285,6 +285,7 @@ __global__ void moe_combine_kernel(float *x, const float *ye, const int32_t *idx
             const int64_t a = r * K + order[t];
             acc += wt[a] * ye[(int64_t)pos[a] * hid + i];
         }
+        if (shared) acc += ye[((int64_t)gridDim.x * K + r) * hid + i];
         x[r * hid + i] = acc;
     }
 }
@@ -452,10 +453,10 @@ extern "C" kdt_status kdt_mk_gather_rows(const void *x, const int32_t *perm, int
 }
 
 extern "C" kdt_status kdt_mk_moe_combine(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos,
-                                         int64_t R, int32_t K, int32_t E, int32_t hid, cudaStream_t s) {
+                                         int64_t R, int32_t K, int32_t E, int32_t hid, int shared, cudaStream_t s) {
     if (R == 0) return KDT_OK;
     if (K > kMaxTopk) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts per token, at most %d", K, kMaxTopk);
-    KDT_CUDA_CHECK(kdt_pdl_launch(moe_combine_kernel, dim3((unsigned)R), dim3(kThreads), 0, s, x, ye, idx, wt, pos, K, E, hid));
+    KDT_CUDA_CHECK(kdt_pdl_launch(moe_combine_kernel, dim3((unsigned)R), dim3(kThreads), 0, s, x, ye, idx, wt, pos, K, E, hid, shared));
     KDT_CUDA_CHECK_LAUNCH("moe_combine");
     return KDT_OK;
 }

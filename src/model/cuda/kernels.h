@@ -95,18 +95,23 @@ typedef struct kdt_mk_norm {
  * (x itself unread), normalized while staged: no norm launch before. Deterministic. */
 kdt_status kdt_mk_dense_small(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y,
                               int accumulate, const kdt_mk_norm *norm, kdt_dtype dt, cudaStream_t s);
+/* shared_gate_up [2I, hid], shared_down [hid, I] (dt; NULL: none): the layer's shared expert of the
+ * same width in the same two launches, over every row, its R assignments at places R * K + r of
+ * act and ye (sized R * (K + 1)); kdt_mk_moe_combine adds them. */
 kdt_status kdt_mk_moe_small(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
-                            const void *w_gate_up, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act,
-                            float *ye, kdt_dtype dt, cudaStream_t s);
+                            const void *w_gate_up, const void *w_down, const void *shared_gate_up, const void *shared_down,
+                            int32_t E, int32_t hid, int32_t I, void *act, float *ye, kdt_dtype dt, cudaStream_t s);
 
 /* xe [n, hid] (dt) = rows perm[j] / K of x [*, hid] (dt). */
 kdt_status kdt_mk_gather_rows(const void *x, const int32_t *perm, int64_t n, int32_t K, int32_t hid, void *xe,
                               kdt_dtype dt, cudaStream_t s);
 
 /* x [R, hid] += sum over each row's valid choices, in increasing expert order, of
- * wt[r, k] * ye[pos[r * K + k]] (ye [*, hid] f32). */
+ * wt[r, k] * ye[pos[r * K + k]] (ye [*, hid] f32), then, with shared (kdt_mk_moe_small's shared
+ * expert), + ye[R * K + r]: the bits of the combine followed by the shared down projection
+ * accumulating into x. */
 kdt_status kdt_mk_moe_combine(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos, int64_t R,
-                              int32_t K, int32_t E, int32_t hid, cudaStream_t s);
+                              int32_t K, int32_t E, int32_t hid, int shared, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
 /* The device code of moe.cu's kernel, with no includes of its own, so that
  * tests/test_model_moe_emu.cc runs it on CPU threads. The CUDA subset it uses: blockIdx, threadIdx,
- * __shared__, __syncthreads, __shfl_xor_sync, uint2 / uint4 / float4 loads, bf16 conversions,
- * __uint_as_float, and pdl.cuh's kdt_pdl_begin (nothing on CPU threads). See moe.cu for the design. */
+ * gridDim, __shared__, __syncthreads, __shfl_xor_sync, uint2 / uint4 / float4 loads, bf16
+ * conversions, __uint_as_float, and pdl.cuh's kdt_pdl_begin (nothing on CPU threads). See moe.cu
+ * for the design. */
 #pragma once
 
 constexpr int kWarps = 8;
@@ -44,6 +45,18 @@ template <typename T> struct WPlain {
     const T *w;
     typedef const T *Row;
     __device__ __forceinline__ Row row(int e, size_t rows_w, size_t r, int n_in) const { return w + ((size_t)e * rows_w + r) * n_in; }
+    __device__ __forceinline__ void load(Row r, int k, float (&f)[8]) const { load8(r + k, f); }
+};
+
+/* WPlain's experts [E, rows, n_in] and, as expert E, a MoE layer's shared expert [rows, n_in] (same
+ * rows and width), so that one launch runs both (moe_small_kernel's shared_off). */
+template <typename T> struct WShared {
+    const T *w, *ws;
+    int E;
+    typedef const T *Row;
+    __device__ __forceinline__ Row row(int e, size_t rows_w, size_t r, int n_in) const {
+        return e < E ? w + ((size_t)e * rows_w + r) * n_in : ws + r * n_in;
+    }
     __device__ __forceinline__ void load(Row r, int k, float (&f)[8]) const { load8(r + k, f); }
 };
 
@@ -134,21 +147,26 @@ __device__ __forceinline__ void norm_inv(const NormIn &nin, int r0, int nr, int 
  * counts NULL: one expert of dense_rows rows at offset 0. n_in % 8 == 0. w: WPlain<T>, or WQuant with
  * T bf16. Rows are cut in slices of kSliceRows, one per blockIdx.z (gridDim.z covers the most rows an
  * expert can have): the sums' order does not depend on the slicing. nin.x: the input rows are
- * NormIn's (dense products only, counts NULL). */
+ * NormIn's (dense products only, counts NULL). shared_off >= 0 (with counts): the grid's last
+ * expert (blockIdx.y == gridDim.y - 1) is the MoE layer's shared one, over every row: its
+ * dense_rows rows sit at places shared_off + r, input row r (gate/up), no perm. */
 template <typename T, bool kGateUp, int kRows, typename WF>
 __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1) moe_small_kernel(const T *__restrict__ in, const int32_t *__restrict__ perm, int K,
                                                              const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
                                                              const WF w, int n_in, int n_out, void *out,
-                                                             int dense_rows, bool accumulate, NormIn nin = NormIn{}) {
+                                                             int dense_rows, bool accumulate, NormIn nin = NormIn{},
+                                                             int shared_off = -1) {
     kdt_pdl_begin();
     constexpr int kChunk = kChunkBytes / (int)sizeof(T); /* elements of a staged row */
     constexpr int kColsPerWarp = kGateUp ? kW / 2 : kW;
     __shared__ __align__(16) T xs[kRows * kChunk];
     __shared__ float inv[kRows], part[kRows][kWarps];
-    const int e = blockIdx.y, cnt = counts ? counts[e] : dense_rows, r_beg = (int)blockIdx.z * kSliceRows;
+    const int e = blockIdx.y, r_beg = (int)blockIdx.z * kSliceRows;
+    const bool shared = shared_off >= 0 && e == (int)gridDim.y - 1;
+    const int cnt = counts && !shared ? counts[e] : dense_rows;
     if (cnt <= r_beg) return;
     const int r_end = min(cnt, r_beg + kSliceRows);
-    const int off = counts ? offs[e] : 0, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int off = shared ? shared_off : counts ? offs[e] : 0, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int col0 = (blockIdx.x * kWarps + warp) * kColsPerWarp;
     const size_t rows_w = kGateUp ? 2 * (size_t)n_out : (size_t)n_out;
     typename WF::Row wr[kW];
@@ -175,7 +193,8 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
                 const int r = v / (kChunk / 8), i = (v % (kChunk / 8)) * 8;
                 if (i >= len) continue;
                 const int p = off + r0 + r;
-                const size_t src_row = kGateUp && perm ? (size_t)(perm[p] / K) : (size_t)p;
+                const size_t src_row =
+                    kGateUp && shared ? (size_t)(p - off) : kGateUp && perm ? (size_t)(perm[p] / K) : (size_t)p;
                 if (nin.x) {
                     const float *xr = nin.x + (size_t)(nin.rows ? nin.rows[r0 + r] : r0 + r) * n_in + c0 + i;
 #pragma unroll
