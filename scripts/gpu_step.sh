@@ -8,8 +8,8 @@
 #   tests       test_model_graph (run to run, graphs and PDL bit for bit, fused vs cuBLAS), test_model_cuda;
 #   generate    kdt generate --model models/kdt-small, batch 1, greedy, 256 new tokens, held-out prompts
 #               1-4: plain and --spec lookup --depth 8 --topk 2 --budget 16; this tree's default flags,
-#               $ALT (default 27: + KDT_MODEL_PDL; prompts 1 and 3) and main; decode tokens/s, outputs equal
-#               to main's plain;
+#               $ALT (default 11: the default without KDT_MODEL_PDL) and main; decode tokens/s, outputs
+#               equal to main's plain;
 #   bench_model built-in and Kimi dims, batch 1/8/32 (prefill, decode, 16-row verify): new, $ALT, main;
 #   bench_argmax tree- vs decode-shaped argmax disagreements on the shipped model (must be 0);
 #   ncu         per-kernel times of one decode step and one 16-row verify step (graphs off: flags 9);
@@ -24,7 +24,7 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 DEADLINE=${DEADLINE:-140}
 JOBS=${JOBS:-16}
-ALT=${ALT:-27}
+ALT=${ALT:-11}
 MAIN_REF=${MAIN_REF:-main}
 BASE=${BASE:-/tmp/kdt-step-main}
 MODEL=models/kdt-small
@@ -75,7 +75,6 @@ out_of() { grep -v '^kdt generate' "$LOGS/$1.log" 2>/dev/null | md5sum; }
 for i in 1 2 3 4; do
     ids=$(sed -n "${i}p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
     for v in new alt main; do
-        [ $v = alt ] && [ $i != 1 ] && [ $i != 3 ] && continue  # $ALT on prompts 1 and 3 only (time)
         kdt=build/kdt flags=""
         [ $v = alt ] && flags=$ALT
         [ $v = main ] && kdt=$MAINKDT
@@ -92,7 +91,7 @@ for v in main new alt; do
         [ -n "$(rate lookup_p${i}_$v)" ] && [ "$(out_of plain_p${i}_$v)" = "$(out_of lookup_p${i}_$v)" ] && same=$((same + 1))
         [ -n "$(rate plain_p${i}_main)" ] && [ "$(out_of plain_p${i}_$v)" = "$(out_of plain_p${i}_main)" ] && eqmain=$((eqmain + 1))
     done
-    [ $v = alt ] && say "      (alt = KDT_MODEL_FLAGS=$ALT, prompts 1 and 3 only)"
+    [ $v = alt ] && say "      (alt = KDT_MODEL_FLAGS=$ALT)"
     mp=$(echo $pr | awk '{s=0; for(i=1;i<=NF;i++) s+=$i; if (NF) printf "%.1f", s/NF}')
     ml=$(echo $lr | awk '{s=0; for(i=1;i<=NF;i++) s+=$i; if (NF) printf "%.1f", s/NF}')
     say "INFO  generate $v: plain tokens/s per prompt:$pr (mean ${mp:-?}); lookup D=8 K=2 N=16:$lr (mean ${ml:-?}); lookup = plain on $same; plain = main's plain on $eqmain"
@@ -102,7 +101,7 @@ done
 # 4. bench_model: built-in and Kimi dims (prefill must not get slower).
 bm() { # bm NAME BIN FLAGS
     [ -x "$2" ] || return 0
-    KDT_MODEL_FLAGS=$3 step "bench_model_$1" 30 "$2" --out "$OUT/bench_model_$1.md" &&
+    KDT_MODEL_FLAGS=$3 step "bench_model_$1" 30 "$2" --reps 5 --out "$OUT/bench_model_$1.md" &&
         grep -E '^\| +(1|8|32) \|' "$OUT/bench_model_$1.md" | sed "s/^/      $1 /" | tee -a "$OUT/summary.txt"
 }
 bm new build/bench/bench_model ""
@@ -134,7 +133,7 @@ if not picks:
     print(f"      ncu {sys.argv[4]}: no forward with embed grid {want or 'third'} among {len(starts) - 1}"); sys.exit(0)
 k = picks[0]
 step = rows[starts[k]:starts[k + 1]]
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 us = [float(r[val].replace(",", "")) * scale.get(r[unit], 1.0) for r in step]
 with open(sys.argv[2], "w") as f:
     w = csv.writer(f); w.writerow(["kernel", "grid", "us"])

@@ -437,15 +437,15 @@ static kdt_status build_tree(loop *L) {
 }
 
 /* Rows per request of a padded verify. Sampling: Q (tree_sample_accept reads Q rows per request).
- * Greedy: the least power of two that holds the step's largest tree (num_nodes + 1 rows), at most
- * Q, so that a step whose drafter proposed little verifies few rows (a step with no draft costs
- * about a plain one) while the shapes stay few (a captured graph each). */
+ * Greedy: 1 when no request of the step has a draft (the step costs about a plain one), else Q.
+ * Two shapes only: each new shape costs a direct run and a capture (a few ms), which sized buckets
+ * (1, 2, 4, 8, 16, Q) paid more than they saved over 256 tokens (H200, 2026-12-02: --spec lookup on
+ * the shipped model 6,537 -> 4,568 tokens/s on prompt 1). */
 static int32_t pad_rows(const loop *L, const int32_t *num_nodes) {
     if (L->sampling) return L->Q;
-    int32_t most = 1, rows = 1;
-    for (int32_t a = 0; a < L->Ba; a++) most = num_nodes[a] + 1 > most ? num_nodes[a] + 1 : most;
-    while (rows < most) rows *= 2;
-    return rows < L->Q ? rows : L->Q;
+    for (int32_t a = 0; a < L->Ba; a++)
+        if (num_nodes[a] > 0) return L->Q;
+    return 1;
 }
 
 /* The forward over each request's tree rows (num_nodes + 1, or pad_rows with pad_tree or when

@@ -49,9 +49,13 @@
  * whose routed products stay under this many multiply-adds (CUDA cores, about 100 us): a
  * prefill of the small models then has no host wait and no per-expert GEMMs. */
 #define MOE_DEVICE_MAX_MACS (1ll << 30)
-/* With KDT_MODEL_FUSED, products of at most GEMV_MAX_ROWS rows with weights up to this size run
- * moe.cu's small-batch kernel (every projection of the shipped model; none of Kimi's). */
+/* With KDT_MODEL_FUSED, products of at most FUSED_MAX_ROWS rows with weights up to this size run
+ * moe.cu's small-batch kernel (every projection of the shipped model; none of Kimi's), and the
+ * query absorb of at most GEMV_MAX_ROWS rows is one kernel. One row: the kernel of 16 rows is
+ * 10 to 18 k instructions and took 26 to 44 us a launch under ncu (H200, 2026-12-02, a 16-row verify
+ * of the shipped model) against 4.4 us for one row, so a tree's rows go to cuBLAS. */
 #define GEMV_SMALL_WEIGHT_BYTES (8ull << 20)
+#define FUSED_MAX_ROWS 1
 
 struct kdt_cuda_ctx {
     cublasHandle_t blas;
@@ -340,7 +344,7 @@ struct Fwd {
  * no edge there, and the kernel gives a row the same bits in a decode step and in a tree). */
 bool small_product(const Fwd &f, int64_t M, int64_t N, int64_t K, bool any_size) {
     if (M > GEMV_MAX_ROWS || K % 8 != 0 || N > INT_MAX || K > INT_MAX) return false;
-    return (f.gemv && any_size) || (f.fused && (uint64_t)N * (uint64_t)K * f.d.es <= GEMV_SMALL_WEIGHT_BYTES);
+    return (f.gemv && any_size) || (f.fused && M <= FUSED_MAX_ROWS && (uint64_t)N * (uint64_t)K * f.d.es <= GEMV_SMALL_WEIGHT_BYTES);
 }
 bool small_product(const Fwd &f, int64_t M, const kdt_dlin &W, bool any_size) {
     return W.fmt == KDT_WFMT_DENSE && W.parts == 1 && small_product(f, M, W.N, W.K, any_size);
@@ -390,7 +394,8 @@ kdt_status attention(Fwd &f, int32_t l) {
         q_ld = (int64_t)d.H * d.qk;
     }
     /* With f.fused and a small kv_b, q_prep and the absorb GEMM are one launch. */
-    if (d.nope && small_product(f, d.R, (int64_t)d.H * (d.nope + d.vd), d.Dv, false)) {
+    const uint64_t kv_b_bytes = (uint64_t)d.H * (d.nope + d.vd) * d.Dv * d.es;
+    if (d.nope && f.fused && d.R <= GEMV_MAX_ROWS && kv_b_bytes <= GEMV_SMALL_WEIGHT_BYTES) {
         KDT_TRY(kdt_mk_q_absorb(q, q_ld, u.cs, u.sn, d.R, d.H, d.nope, d.rope, d.Dv, cf->rope_interleave, L->kv_b, d.vd, u.qabs, d.dt,
                             f.s));
     } else {
@@ -659,9 +664,12 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
                   (few_rows || few_macs);
     f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
-    /* Not where a copy or a fill sits between kernels (the drafter's hidden layers, a model without
-     * nope dims): programmatic edges are kept to kernel after kernel. */
-    f.pdl = (m->flags & KDT_MODEL_PDL) && d.nope && !(hidden && m->n_hid_layers);
+    /* Prefill-sized forwards on the device MoE (few_macs) run directly: their shapes follow the
+     * prompts, and a graph per prompt length would pile up. */
+    const bool graph = (m->flags & KDT_MODEL_GRAPHS) && ((f.moe_small && few_rows) || !has_moe(m));
+    /* PDL in the captured steps (decode, verify), not where a copy or a fill sits between kernels
+     * (the drafter's hidden layers, a model without nope dims): programmatic edges kernel after kernel. */
+    f.pdl = graph && (m->flags & KDT_MODEL_PDL) && d.nope && !(hidden && m->n_hid_layers);
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
     f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;
@@ -670,9 +678,7 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
         return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: intermediate layers' hidden states go to device memory on CUDA");
     if (f.d.mtp && !on_device(bt->mtp_hidden))
         return kdt_fail(KDT_ERR_INVALID_ARG, "forward: an MTP model's mtp_hidden must be device memory on CUDA");
-    /* Prefill-sized forwards on the device MoE (few_macs) run directly: their shapes follow the
-     * prompts, and a graph per prompt length would pile up. */
-    if ((m->flags & KDT_MODEL_GRAPHS) && ((f.moe_small && few_rows) || !has_moe(m))) {
+    if (graph) {
         int32_t n_key = 0;
         int64_t *key = graph_key(f, &n_key);
         if (!key) return kdt_fail(KDT_ERR_NOMEM, "forward: out of memory");

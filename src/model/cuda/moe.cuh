@@ -221,23 +221,47 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? 3 : kRows <= 4 ? 2 : 1)
                 }
             }
         }
+        /* The warp's sums, value v = r * kW + q: a butterfly over the lanes whose steps each halve
+         * the values a lane keeps (the half its partner sends it, added to its own) while more than
+         * 2 remain, then plain butterfly steps on the last 2. Every output gets the plain
+         * butterfly's additions, so its bits, in a fifth of the shuffles at 16 rows; and each lane
+         * then writes the 2 outputs it holds (indices base, base + 1: one column pair of a row). */
+        constexpr int kV = kRows * kW;
+        float val[kV];
 #pragma unroll
-        for (int r = 0; r < kRows; r++) {
-            if (r >= nr) break;
+        for (int r = 0; r < kRows; r++)
 #pragma unroll
-            for (int q = 0; q < kW; q++)
-                for (int o = 16; o > 0; o >>= 1) acc[q][r] += __shfl_xor_sync(0xffffffffu, acc[q][r], o);
-            if (lane != 0) continue;
-            const size_t p = (size_t)off + r0 + r;
+            for (int q = 0; q < kW; q++) val[r * kW + q] = acc[q][r];
+        int base = 0, owner = 31; /* lanes (lane & owner) == 0 hold distinct values */
 #pragma unroll
-            for (int q = 0; q < kW; q++) {
-                if (!ok[q]) continue;
-                if (kGateUp) {
-                    if (q & 1) ((T *)out)[p * n_out + col0 + q / 2] = from_f32<T>(silu(acc[q - 1][r]) * acc[q][r]);
-                } else {
-                    float *o = (float *)out + p * n_out + col0 + q;
-                    *o = accumulate ? *o + acc[q][r] : acc[q][r];
+        for (int st = 0; st < 5; st++) {
+            const int o = 16 >> st, n = kV >> st;
+            if (n > 2) {
+                const int h = n / 2;
+                const bool up = (lane & o) != 0;
+#pragma unroll
+                for (int k = 0; k < h; k++) {
+                    const float send = up ? val[k] : val[k + h], keep = up ? val[k + h] : val[k];
+                    val[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
                 }
+                base += up ? h : 0;
+                owner = o - 1;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 2; k++) val[k] += __shfl_xor_sync(0xffffffffu, val[k], o);
+            }
+        }
+        const int r = base / kW, q = base % kW, c = col0 + (kGateUp ? q / 2 : q);
+        if ((lane & owner) || r >= nr || c >= n_out) continue;
+        const size_t p = (size_t)off + r0 + r;
+        if (kGateUp) {
+            ((T *)out)[p * n_out + c] = from_f32<T>(silu(val[0]) * val[1]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                if (c + k >= n_out) break;
+                float *o = (float *)out + p * n_out + c + k;
+                *o = accumulate ? *o + val[k] : val[k];
             }
         }
     }

@@ -13,8 +13,9 @@ namespace {
 
 #include "model/cuda/route.cuh"
 
-/* The block is as wide as its scratch allows: a warp per (row, expert) score and per row's choice,
- * so a tree of 16 rows waits for one or two of each instead of several in a row. */
+/* Past 256 scores the block is as wide as its scratch allows: a warp per (row, expert) score and
+ * per row's choice, so a tree of 16 rows waits for one or two of each instead of several in a row;
+ * a decode step keeps 8 warps (one row's scores). */
 constexpr int kThreads = 256, kMaxThreads = 1024;
 constexpr int kMaxRows = 64;
 constexpr int kMaxScoreWeightBytes = 64 << 10; /* router weights [E, hid] f32 read by the block */
@@ -89,7 +90,7 @@ extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t 
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: the router's norm needs its output rows h, all rows, bf16 or f32");
     RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos};
     const NormArgs n = in_norm ? NormArgs{in_norm->x, in_norm->w, in_norm->eps, (float *)h, hn, dt == KDT_BF16} : NormArgs{};
-    const int threads = smem_bytes(kMaxThreads, E, G, K) <= (size_t)kMaxSmem ? kMaxThreads : kThreads;
+    const int threads = R * E > 256 && smem_bytes(kMaxThreads, E, G, K) <= (size_t)kMaxSmem ? kMaxThreads : kThreads;
     KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(threads), smem_bytes(threads, E, G, K), s, a, n));
     KDT_CUDA_CHECK_LAUNCH("route_plan");
     return KDT_OK;
