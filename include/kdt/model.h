@@ -116,9 +116,10 @@ KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (
                               absorb and the projections in the small-batch kernel; with KDT_MODEL_MOE_DEVICE,
                               experts under 32 MB on the device kernels up to 2^30 routed multiply-adds (prefill
                               of the small models). Deterministic */
-#define KDT_MODEL_PDL 16u  /* in forwards run as CUDA graphs, the model's own kernels (norms, cache append, absorb,
-                              router, small-batch products, MoE combine) with programmatic dependent launch: each may
-                              be scheduled while the one before it runs and waits on the device; the same bits */
+#define KDT_MODEL_PDL 16u  /* in decode- and verify-sized forwards (graphs, or at most 64 rows), the model's own
+                              kernels (norms, cache append, absorb, router, small-batch products, MoE combine) with
+                              programmatic dependent launch: each may be scheduled while the one before it runs and
+                              waits on the device; the same bits */
 KDT_API kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags);
 KDT_API uint32_t   kdt_model_flags(const kdt_model *m);
 /* Forwards replayed from a graph and graphs captured so far (0 on the CPU). */
