@@ -13,7 +13,7 @@
 #   bench_model built-in and Kimi dims, batch 1/8/32 (prefill, decode, 16-row verify): new, $ALT, main;
 #   bench_argmax tree- vs decode-shaped argmax disagreements on the shipped model (must be 0);
 #   ncu         per-kernel times of one decode step and one 16-row verify step (graphs off: flags 9);
-#   test_spec   the loop (bucketed verify rows) and its argmax kernel against the host's.
+#   test_spec   the loop (1-row verifies when nothing is drafted) and its argmax kernel against the host's.
 # Every step prints PASS|FAIL|SKIP <step> (exit, seconds), then its figures; logs in $OUT/logs,
 # tables in $OUT, the summary in $OUT/summary.txt.
 #   OUT=/tmp/out bash scripts/gpu_step.sh
