@@ -8,6 +8,8 @@
  *   router with the device kernels at prefill sizes);
  * - graphs replay the device-MoE forward bit for bit, with logits in host or device memory, and
  *   with the small-batch projections (KDT_MODEL_GEMV), and replays did happen;
+ * - programmatic dependent launch (KDT_MODEL_PDL) gives the fused path's bits, direct and in graphs,
+ *   and its graphs were captured and replayed;
  * - the device MoE, with the small-batch projections or the fused router, against cuBLAS: every row
  *   within 1e-4 relative L2 in f32; in bf16 the median row within 2e-2 (another summation order
  *   can flip a router near-tie: test_model_cuda.c). */
@@ -161,6 +163,11 @@ static void check_model(kdt_model *m, const char *name, kdt_dtype dt, int32_t B)
     float *fu = run_seq(m, KDT_MODEL_MOE_DEVICE | KDT_MODEL_FUSED, &q, 0, what);
     float *fu2 = run_seq(m, KDT_MODEL_MOE_DEVICE | KDT_MODEL_FUSED, &q, 0, what);
     float *fug = run_seq(m, KDT_MODEL_GRAPHS | KDT_MODEL_FUSED, &q, 1, what);
+    float *pd = run_seq(m, KDT_MODEL_MOE_DEVICE | KDT_MODEL_FUSED | KDT_MODEL_PDL, &q, 0, what);
+    int64_t rep2, cap2, rep3, cap3;
+    kdt_model_graph_counts(m, &rep2, &cap2);
+    float *pdg = run_seq(m, KDT_MODEL_GRAPHS | KDT_MODEL_FUSED | KDT_MODEL_PDL, &q, 1, what);
+    kdt_model_graph_counts(m, &rep3, &cap3);
     kt_check(same_bits(plain, plain2, n), "%s: cuBLAS MoE path, run to run: identical bits", what);
     kt_check(same_bits(dev, dev2, n), "%s: device MoE, run to run: identical bits", what);
     kt_check(same_bits(gr, dev, n), "%s: graphs (host logits) = device MoE without graphs, bit for bit", what);
@@ -168,6 +175,10 @@ static void check_model(kdt_model *m, const char *name, kdt_dtype dt, int32_t B)
     kt_check(same_bits(gvg, gv, n), "%s: small-batch projections: graphs = without graphs, bit for bit", what);
     kt_check(same_bits(fu, fu2, n), "%s: fused router, run to run: identical bits", what);
     kt_check(same_bits(fug, fu, n), "%s: fused router: graphs (device logits) = without graphs, bit for bit", what);
+    kt_check(same_bits(pd, fu, n), "%s: programmatic dependent launch, direct runs (up to 64 rows) = without, bit for bit", what);
+    kt_check(same_bits(pdg, fu, n) && rep3 - rep2 >= STEPS - 2 && cap3 > cap2,
+             "%s: programmatic dependent launch in graphs (device logits) = without, bit for bit; %lld replays of %lld captures%s%s",
+             what, (long long)(rep3 - rep2), (long long)(cap3 - cap2), cap3 > cap2 ? "" : "; last error: ", cap3 > cap2 ? "" : kdt_last_error());
     kt_check(rep1 - rep0 >= 2 * (STEPS - 2) && cap1 > cap0, "%s: %lld forwards replayed from %lld captured graphs%s%s", what,
              (long long)(rep1 - rep0), (long long)(cap1 - cap0), cap1 > cap0 ? "" : "; last error: ",
              cap1 > cap0 ? "" : kdt_last_error());
@@ -190,6 +201,8 @@ static void check_model(kdt_model *m, const char *name, kdt_dtype dt, int32_t B)
     free(fu);
     free(fu2);
     free(fug);
+    free(pd);
+    free(pdg);
     free(plain);
     free(plain2);
     free(dev);

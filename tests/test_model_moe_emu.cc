@@ -69,7 +69,7 @@ static __nv_bfloat16 __float2bfloat16_rn(float f) { /* finite inputs only */
 }
 static float2 __bfloat1622float2(__nv_bfloat162 v) { return {bf16_to_f32(v.lo), bf16_to_f32(v.hi)}; }
 
-static thread_local dim3 threadIdx, blockIdx;
+static thread_local dim3 threadIdx, blockIdx, gridDim;
 static std::barrier<> *g_block, *g_warp[8];
 static float g_xchg[8][32];
 static void __syncthreads() { g_block->arrive_and_wait(); }
@@ -81,6 +81,8 @@ static float __shfl_xor_sync(unsigned, float v, int mask) {
     g_warp[w]->arrive_and_wait();
     return r;
 }
+
+static void kdt_pdl_begin() {} /* programmatic dependent launch: nothing to wait for here */
 
 #include "model/cuda/moe.cuh"
 #include "model/quant.h"
@@ -97,6 +99,7 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, F kern) {
     for (unsigned t = 0; t < (unsigned)kThreads; t++)
         th.emplace_back([=, &block] {
             threadIdx = {t, 0, 0};
+            gridDim = {gx, gy, gz};
             for (unsigned bz = 0; bz < gz; bz++)
                 for (unsigned by = 0; by < gy; by++)
                     for (unsigned bx = 0; bx < gx; bx++) {
@@ -254,6 +257,93 @@ static std::vector<float> run_case(const char *name, int R, int K, int E, int hi
     return res;
 }
 
+/* kernels.cu's rmsnorm of row x [n] as that kernel sums it (256 threads, lane-strided fmaf, a
+ * butterfly per warp, one over the 8 warps' sums), the output rounded to T. */
+template <typename T> static void rmsnorm_ref(const float *x, const float *w, int n, float eps, T *out) {
+    float lane[256], part[32] = {};
+    for (int t = 0; t < 256; t++) {
+        lane[t] = 0.f;
+        for (int j = t; j < n; j += 256) lane[t] = fmaf(x[j], x[j], lane[t]);
+    }
+    auto butterfly = [](float *v) {
+        for (int o = 16; o > 0; o >>= 1) {
+            float nv[32];
+            for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+            memcpy(v, nv, sizeof nv);
+        }
+    };
+    for (int w = 0; w < 8; w++) {
+        butterfly(lane + 32 * w);
+        part[w] = lane[32 * w];
+    }
+    butterfly(part);
+    const float inv = 1.0f / sqrtf(part[0] / (float)n + eps);
+    for (int j = 0; j < n; j++) out[j] = from_f32<T>(w[j] * (x[j] * inv));
+}
+
+/* The dense product with its input normalized while staged (NormIn, rows picked by index) against
+ * the same product of rows normalized first as kernels.cu's rmsnorm does: the same bits. */
+template <typename T, int kRows> static void run_norm_case(int R, int n_in, int N) {
+    std::vector<float> x((size_t)(R + 3) * n_in), nw(n_in), y0((size_t)R * N, NAN), y1((size_t)R * N, NAN);
+    std::vector<T> w((size_t)N * n_in), xn((size_t)R * n_in);
+    std::vector<int32_t> rows(R);
+    for (auto &v : x) v = uni() * 3.0f;
+    for (auto &v : nw) v = 1.0f + 0.5f * uni();
+    for (auto &v : w) v = from_f32<T>(uni() * 0.2f);
+    for (int r = 0; r < R; r++) {
+        rows[r] = (r * 7 + 2) % (R + 3);
+        rmsnorm_ref<T>(&x[(size_t)rows[r] * n_in], nw.data(), n_in, 1e-6f, &xn[(size_t)r * n_in]);
+    }
+    const unsigned gx = (unsigned)((N + kWarps * kW - 1) / (kWarps * kW)), gz = (unsigned)((R + kSliceRows - 1) / kSliceRows);
+    const T *xp = xn.data(), *wp = w.data();
+    float *p0 = y0.data(), *p1 = y1.data();
+    const NormIn nin = {x.data(), nw.data(), rows.data(), 1e-6f};
+    launch(gx, 1, gz, [=] { moe_small_kernel<T, false, kRows>(xp, nullptr, 1, nullptr, nullptr, WPlain<T>{wp}, n_in, N, p0, R, false); });
+    launch(gx, 1, gz, [=] { moe_small_kernel<T, false, kRows>(nullptr, nullptr, 1, nullptr, nullptr, WPlain<T>{wp}, n_in, N, p1, R, false, nin); });
+    const bool ok = !memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) && !std::isnan(y1[0]);
+    g_fail += !ok;
+    printf("%s  moe kernel (emulated) dense %s, %d rows/pass: R %d K %d N %d, the norm made while staging (rows by index) = "
+           "kernels.cu's rmsnorm first, bit for bit\n", ok ? "PASS" : "FAIL", sizeof(T) == 2 ? "bf16" : "f32", kRows, R, n_in, N);
+}
+
+/* A MoE layer's shared expert as one more grid row of the routed experts' launches (WShared,
+ * shared_off) against the routed experts alone and the shared expert as a dense product: the same
+ * bits, rows R * K + r for the shared expert. */
+template <typename T, int kRows> static void run_shared_case(int R, int K, int E, int hid, int I) {
+    std::vector<T> x((size_t)R * hid), wgu((size_t)E * 2 * I * hid), wd((size_t)E * hid * I), sgu((size_t)2 * I * hid), sd((size_t)hid * I);
+    for (auto *v : {&x, &wgu, &wd, &sgu, &sd})
+        for (auto &e : *v) e = from_f32<T>(uni() * 0.5f);
+    const int n = R * K;
+    std::vector<int> idx(n), counts(E, 0), offs(E), perm(n);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) idx[(size_t)r * K + k] = (r + 3 * k) % E; /* distinct per row while K <= E / 3 */
+    for (int j = 0; j < n; j++) counts[idx[j]]++;
+    for (int e = 0, o = 0; e < E; o += counts[e], e++) offs[e] = o;
+    std::vector<int> fill(offs);
+    for (int j = 0; j < n; j++) perm[fill[idx[j]]++] = j;
+    std::vector<T> act((size_t)(n + R) * I), act_r((size_t)n * I), act_s((size_t)R * I);
+    std::vector<float> ye((size_t)(n + R) * hid, NAN), ye_r((size_t)n * hid, NAN), ye_s((size_t)R * hid, NAN);
+    const T *xp = x.data(), *g = wgu.data(), *d = wd.data(), *sg = sgu.data(), *sdp = sd.data();
+    const int *pp = perm.data(), *cp = counts.data(), *op = offs.data();
+    T *a = act.data(), *ar = act_r.data(), *as = act_s.data();
+    float *y = ye.data(), *yr = ye_r.data(), *ys = ye_s.data();
+    const unsigned gu = (unsigned)((I + kWarps * kW / 2 - 1) / (kWarps * kW / 2)), dn = (unsigned)((hid + kWarps * kW - 1) / (kWarps * kW));
+    const WShared<T> wsg = {g, sg, E}, wsd = {d, sdp, E};
+    launch(gu, E + 1, 1, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, wsg, hid, I, a, R, false, NormIn{}, n); });
+    launch(dn, E + 1, 1, [=] { moe_small_kernel<T, false, kRows>(a, pp, K, cp, op, wsd, I, hid, y, R, false, NormIn{}, n); });
+    launch(gu, E, 1, [=] { moe_small_kernel<T, true, kRows>(xp, pp, K, cp, op, WPlain<T>{g}, hid, I, ar, R, false); });
+    launch(dn, E, 1, [=] { moe_small_kernel<T, false, kRows>(ar, pp, K, cp, op, WPlain<T>{d}, I, hid, yr, R, false); });
+    launch(gu, 1, 1, [=] { moe_small_kernel<T, true, kRows>(xp, nullptr, 1, nullptr, nullptr, WPlain<T>{sg}, hid, I, as, R, false); });
+    launch(dn, 1, 1, [=] { moe_small_kernel<T, false, kRows>(as, nullptr, 1, nullptr, nullptr, WPlain<T>{sdp}, I, hid, ys, R, false); });
+    const bool ok = !memcmp(act.data(), act_r.data(), act_r.size() * sizeof(T)) &&
+                    !memcmp(act.data() + act_r.size(), act_s.data(), act_s.size() * sizeof(T)) &&
+                    !memcmp(ye.data(), ye_r.data(), ye_r.size() * sizeof(float)) &&
+                    !memcmp(ye.data() + ye_r.size(), ye_s.data(), ye_s.size() * sizeof(float)) && !std::isnan(ye.back());
+    g_fail += !ok;
+    printf("%s  moe kernel (emulated) routed + shared expert in one launch %s, %d rows/pass: R %d K %d E %d hid %d I %d: = the two "
+           "apart, bit for bit\n", ok ? "PASS" : "FAIL", sizeof(T) == 2 ? "bf16" : "f32", kRows, R, K, E, hid, I);
+}
+
 /* Sizes: blocks of experts with no rows return at once, so a case costs its active blocks; small
  * grids keep the run short on two cores. */
 int main() {
@@ -264,6 +354,11 @@ int main() {
     run_case<bf16, 16>("routed, 2 row slices", kSliceRows + 3, 1, 1, 16, 8, false);
     run_case<bf16, 4>("dense", 3, 1, 1, 48, 24, true);
     run_case<float, 16>("dense", 16, 1, 1, 64, 40, true);
+    run_norm_case<bf16, 1>(1, 264, 40);
+    run_norm_case<bf16, 16>(11, 1040, 32);
+    run_norm_case<float, 4>(3, 80, 36);
+    run_shared_case<bf16, 1>(1, 2, 8, 64, 24);
+    run_shared_case<bf16, 16>(9, 2, 8, 1040, 16);
     /* Quantized experts against the CPU's dequantizers: FP8 gate/up in two parts (I % 128 != 0) and
      * in one (with a partial K block), INT4 (several groups per row, rows of 2 chunks). */
     run_case<bf16, 4, 1>("routed", 3, 2, 4, 48, 24, false);

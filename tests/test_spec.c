@@ -669,11 +669,12 @@ static void check_refusals(void) {
 /* ---- CUDA ---- */
 
 /* The loop's argmax and top-K kernels against the host versions, on rows with ties, -inf and
- * NaN, at the built-in vocabulary and at Kimi K2's. */
+ * NaN, at the built-in vocabulary, at one not a multiple of 4 (the argmax's scalar reads) and at
+ * Kimi K2's. */
 static void check_kernels_cuda(void) {
     if (!kt_backend_usable(KDT_BACKEND_CUDA, "spec argmax / top-k kernels")) return;
-    const int32_t Vs[2] = {512, 163840}, R = 6, K = 8;
-    for (int v = 0; v < 2; v++) {
+    const int32_t Vs[3] = {512, 509, 163840}, R = 6, K = 8;
+    for (int v = 0; v < 3; v++) {
         const int32_t V = Vs[v];
         float *x = malloc((size_t)R * V * sizeof *x), sc[R * K], dsc[R * K];
         int32_t am[R], dam[R], tk[R * K], dtk[R * K], top1[R];

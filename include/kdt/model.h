@@ -96,7 +96,8 @@ KDT_API const kdt_model_config *kdt_model_get_config(const kdt_model *m);
 KDT_API kdt_backend kdt_model_backend(const kdt_model *m);
 KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (also the cache's) */
 /* Options of the CUDA forward (bits; the CPU backend ignores them). A model starts with
- * $KDT_MODEL_FLAGS (a number) where set, else KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_FUSED.
+ * $KDT_MODEL_FLAGS (a number) where set, else KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_FUSED |
+ * KDT_MODEL_PDL.
  *   KDT_MODEL_MOE_DEVICE: MoE layers of batches with at most 16 rows per expert on average (2 for
  *     experts of 32 MB and more, where cuBLAS is faster past that; decode,
  *     verification) run the routed experts in two kernels reading the routing from device memory,
@@ -115,6 +116,10 @@ KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (
                               absorb and the projections in the small-batch kernel; with KDT_MODEL_MOE_DEVICE,
                               experts under 32 MB on the device kernels up to 2^30 routed multiply-adds (prefill
                               of the small models). Deterministic */
+#define KDT_MODEL_PDL 16u  /* in decode- and verify-sized forwards (graphs, or at most 64 rows), the model's own
+                              kernels (norms, cache append, absorb, router, small-batch products, MoE combine) with
+                              programmatic dependent launch: each may be scheduled while the one before it runs and
+                              waits on the device; the same bits */
 KDT_API kdt_status kdt_model_set_flags(kdt_model *m, uint32_t flags);
 KDT_API uint32_t   kdt_model_flags(const kdt_model *m);
 /* Forwards replayed from a graph and graphs captured so far (0 on the CPU). */

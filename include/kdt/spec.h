@@ -146,8 +146,9 @@ typedef struct kdt_spec_request {
 typedef struct kdt_spec_params {
     int32_t depth, topk, budget;  /* D (1 .. 64), K (1 .. 64), N (1 .. 1024); unused without a drafter */
     int32_t eos;                  /* a token that ends its request once emitted; -1: none */
-    int32_t pad_tree;             /* 0: each request verifies num_nodes + 1 rows; 1: always N + 1 rows
-                                     (fill rows see only themselves; static shapes) */
+    int32_t pad_tree;             /* 0: each request verifies num_nodes + 1 rows; 1: N + 1 rows, or 1
+                                     in a greedy step where no request has a draft (fill rows see only
+                                     themselves; two shapes) */
     int32_t sync_timing;          /* CUDA: synchronize after each phase so that the split is exact */
     /* Optional (NULL: none): called on the host for each token as it is emitted, in order, req being
      * the request's index in reqs; lets a caller stream text before the run ends. */

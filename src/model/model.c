@@ -17,12 +17,14 @@
 #define CUDA_MAX_TOPK 64
 #define CUDA_MAX_DV 512
 
-#define KNOWN_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_GEMV | KDT_MODEL_FUSED)
+#define KNOWN_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_GEMV | KDT_MODEL_FUSED | KDT_MODEL_PDL)
 /* A model's flags without $KDT_MODEL_FLAGS: the device MoE and CUDA graphs (tests/test_model_graph
  * passed on the H200, 2026-12-02: graphs bit for bit, the device MoE within 1e-4 of cuBLAS's in f32;
- * the built-in model's decode at batch 1 went from 580 to 2,323 tokens/s), and the fused router (issue 21:
- * written without a GPU; scripts/gpu_forward2.sh runs it beside flags 3). $KDT_MODEL_FLAGS=0 turns them off. */
-#define DEFAULT_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_FUSED)
+ * the built-in model's decode at batch 1 went from 580 to 2,323 tokens/s), the fused router (issue 21:
+ * scripts/gpu_forward2.sh ran it beside flags 3), and PDL in decode- and verify-sized forwards (scripts/gpu_step.sh,
+ * 2026-12-02: plain decoding of the shipped model 2,976 -> 3,206 tokens/s on 2 prompts, graphs and direct
+ * runs bit for bit as without). $KDT_MODEL_FLAGS=0 turns them off. */
+#define DEFAULT_FLAGS (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_FUSED | KDT_MODEL_PDL)
 
 static kdt_status check_cuda(const kdt_model_config *c, kdt_dtype dtype) {
     if (dtype != KDT_BF16 && dtype != KDT_F32)

@@ -436,20 +436,34 @@ static kdt_status build_tree(loop *L) {
     return kdt_tree_build(&p, L->be, L->stream);
 }
 
-/* The forward over each request's tree rows (num_nodes + 1, or Q with pad_tree or when sampling:
- * a fill row holds the root token at the root's position and sees only itself), then target_pred
- * (greedy only). Padded, the rows are Q per request back to back, which the argmax and
- * tree_sample_accept take as they are. */
+/* Rows per request of a padded verify. Sampling: Q (tree_sample_accept reads Q rows per request).
+ * Greedy: 1 when no request of the step has a draft (the step costs about a plain one), else Q.
+ * Two shapes only: each new shape costs a direct run and a capture (a few ms), which sized buckets
+ * (1, 2, 4, 8, 16, Q) paid more than they saved over 256 tokens (H200, 2026-12-02: --spec lookup on
+ * the shipped model 6,537 -> 4,568 tokens/s on prompt 1). */
+static int32_t pad_rows(const loop *L, const int32_t *num_nodes) {
+    if (L->sampling) return L->Q;
+    for (int32_t a = 0; a < L->Ba; a++)
+        if (num_nodes[a] > 0) return L->Q;
+    return 1;
+}
+
+/* The forward over each request's tree rows (num_nodes + 1, or pad_rows with pad_tree or when
+ * sampling: a fill row holds the root token at the root's position and sees only itself), then
+ * target_pred (greedy only). Padded to Q, the rows are Q per request back to back, which the argmax
+ * and tree_sample_accept take as they are; else the argmax reads each request's rows where they are. */
 static kdt_status verify(loop *L) {
     const int32_t Ba = L->Ba, Q = L->Q, pad = L->p.pad_tree || L->sampling;
     kdt_status s = to_host(L, L->h_tree_io, L->tree_io, tree_io_bytes(Ba, Q));
     if (s != KDT_OK) return s;
     const views v = tree_views(L, L->h_tree_io, L->h_acc);
+    for (int32_t a = 0; a < Ba; a++)
+        if (v.num_nodes[a] < 0 || v.num_nodes[a] > L->N)
+            return kdt_fail(KDT_ERR_INTERNAL, "speculative loop: tree_build gave request %d %d nodes", L->act[a], v.num_nodes[a]);
+    const int32_t rows = pad ? pad_rows(L, v.num_nodes) : 0;
     int64_t R = 0, moff = 0;
     for (int32_t a = 0; a < Ba; a++) {
-        const int32_t nodes = v.num_nodes[a], n = pad ? Q : nodes + 1;
-        if (nodes < 0 || nodes > L->N)
-            return kdt_fail(KDT_ERR_INTERNAL, "speculative loop: tree_build gave request %d %d nodes", L->act[a], nodes);
+        const int32_t nodes = v.num_nodes[a], n = pad ? rows : nodes + 1;
         L->n_rows[a] = n;
         L->row_start[a] = (int32_t)R;
         for (int32_t i = 0; i < n; i++) {
@@ -466,7 +480,7 @@ static kdt_status verify(loop *L) {
     }
     if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden)) != KDT_OK) return s;
     for (int32_t a = 0; a < Ba; a++) L->st->drafted += v.num_nodes[a];
-    return L->sampling ? KDT_OK : argmax(L, Q, !pad);
+    return L->sampling ? KDT_OK : argmax(L, Q, rows != Q);
 }
 
 /* draft_probs [Ba, Q, V]: node i of request a (depth t = position - seq_len) gets the drafter's

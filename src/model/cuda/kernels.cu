@@ -5,8 +5,11 @@
 #include "common/cuda/cuda_common.cuh"
 #include "model/cuda.h"
 #include "model/cuda/kernels.h"
+#include "model/cuda/pdl.cuh"
 
 namespace {
+
+thread_local bool g_pdl = false; /* kdt_mk_set_pdl: the calling thread's forward launches with PDL */
 
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 1 << 16;
@@ -74,6 +77,7 @@ __global__ void embed_kernel(float *x, const T *table, const int32_t *tok, int64
 template <typename T>
 __global__ void rmsnorm_kernel(const float *in, int64_t in_ld, const int32_t *rows, int n, const float *w, float eps,
                                float *of, int64_t f_ld, T *oa, int64_t a_ld) {
+    kdt_pdl_begin();
     const int64_t r = blockIdx.x;
     const float *x = in + (rows ? (int64_t)rows[r] : r) * in_ld;
     const float inv = rms_inv(x, n, eps);
@@ -86,6 +90,7 @@ __global__ void rmsnorm_kernel(const float *in, int64_t in_ld, const int32_t *ro
 
 __global__ void rope_table_kernel(float *cs, float *sn, const int32_t *pos, const float *inv_freq, int64_t R, int half,
                                   float factor) {
+    kdt_pdl_begin();
     GRID_STRIDE(i, R * half) {
         const float ang = (float)pos[i / half] * inv_freq[i % half];
         cs[i] = (float)cos((double)ang) * factor;
@@ -111,28 +116,50 @@ __global__ void q_prep_kernel(const float *q, int64_t q_ld, const float *cs, con
     }
 }
 
-/* q_prep and the W_UK absorb in one launch, for small batches. Block (r * H + h, y): columns
- * [y * blockDim.x, +blockDim.x) of Dv of qabs[r, h] = q_nope . W_UK_h (q_nope rounded to T first,
- * as the GEMM of the unfused path reads it; f32 sums in order over nope, so a row has the same bits
- * in any batch), W_UK_h the first nope rows of head h of kv_b [H, nope + vd, Dv]; blocks y == 0
- * also write rope(q_rope) from column Dv, as q_prep. Shared: nope floats. */
+/* Two consecutive elements at p (4-byte aligned for bf16, 8 for f32) as floats. */
+__device__ __forceinline__ float2 load2(const float *p) { return *(const float2 *)p; }
+__device__ __forceinline__ float2 load2(const __nv_bfloat16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
+
+/* q_absorb's tile: a block's 8 warps split the nope sum, each lane owns 2 adjacent of 64 columns. */
+constexpr int kAbsorbWarps = 8, kAbsorbCols = 64;
+
+/* q_prep and the W_UK absorb in one launch, for small batches. Block (h, y, r): columns
+ * [64 y, 64 y + 64) of qabs[r, h, :Dv] = q_nope . W_UK_h (q_nope rounded to T first, as the GEMM of
+ * the unfused path reads it), W_UK_h the first nope rows of head h of kv_b [H, nope + vd, Dv]; warp w
+ * sums rows i = w, w + 8, ... in order, then the 8 partial sums are added in warp order: f32 sums in
+ * an order fixed by nope, so a row has the same bits in any batch. Blocks y == 0 also write
+ * rope(q_rope) from column Dv, as q_prep. Dv even. Shared: nope floats. */
 template <typename T>
-__global__ void q_absorb_kernel(const float *q, int64_t q_ld, const float *cs, const float *sn, int H, int nope, int rope, int Dv,
-                                int interleave, const T *kv_b, int vd, T *qabs) {
+__global__ void __launch_bounds__(kAbsorbWarps * 32) q_absorb_kernel(const float *q, int64_t q_ld, const float *cs, const float *sn,
+                                                                     int H, int nope, int rope, int Dv, int interleave, const T *kv_b,
+                                                                     int vd, T *qabs) {
+    kdt_pdl_begin();
     extern __shared__ float qs[];
-    const int64_t rh = blockIdx.x, r = rh / H;
-    const int h = (int)(rh % H), half = rope / 2;
+    __shared__ float2 part[kAbsorbWarps][kAbsorbCols / 2];
+    const int64_t r = blockIdx.z, rh = r * H + blockIdx.x;
+    const int h = (int)blockIdx.x, half = rope / 2, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float *qh = q + r * q_ld + (int64_t)h * (nope + rope);
     for (int i = threadIdx.x; i < nope; i += blockDim.x) qs[i] = to_f32(from_f32<T>(qh[i]));
     __syncthreads();
     T *out = qabs + rh * (Dv + rope);
-    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    const int j = blockIdx.y * kAbsorbCols + 2 * lane;
+    float2 acc = {0.f, 0.f};
     if (j < Dv) {
         const T *w = kv_b + (int64_t)h * (nope + vd) * Dv + j;
-        float acc = 0.f;
-#pragma unroll 32
-        for (int i = 0; i < nope; i++) acc = fmaf(qs[i], to_f32(w[(int64_t)i * Dv]), acc);
-        out[j] = from_f32<T>(acc);
+#pragma unroll 4
+        for (int i = warp; i < nope; i += kAbsorbWarps) {
+            const float2 v = load2(w + (int64_t)i * Dv);
+            acc.x = fmaf(qs[i], v.x, acc.x);
+            acc.y = fmaf(qs[i], v.y, acc.y);
+        }
+    }
+    part[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && j < Dv) {
+        float2 t = part[0][lane];
+        for (int k = 1; k < kAbsorbWarps; k++) t.x += part[k][lane].x, t.y += part[k][lane].y;
+        out[j] = from_f32<T>(t.x);
+        out[j + 1] = from_f32<T>(t.y);
     }
     if (blockIdx.y == 0)
         for (int k = threadIdx.x; k < rope; k += blockDim.x)
@@ -145,6 +172,7 @@ template <typename T>
 __global__ void kv_append_kernel(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
                                  const int64_t *slot_rows, int Dv, int rope, int interleave, T *pool, const float *q_in,
                                  const float *q_w, int ql, T *qa) {
+    kdt_pdl_begin();
     const int64_t r = blockIdx.x;
     if (blockIdx.y == 1) {
         const float *x = q_in + r * ld;
@@ -231,7 +259,8 @@ __global__ void gather_rows_kernel(const T *x, const int32_t *perm, int64_t n, i
 }
 
 __global__ void moe_combine_kernel(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos, int K,
-                                   int E, int hid) {
+                                   int E, int hid, int shared) {
+    kdt_pdl_begin();
     __shared__ int order[kMaxTopk];
     __shared__ int cnt;
     const int64_t r = blockIdx.x;
@@ -256,6 +285,7 @@ __global__ void moe_combine_kernel(float *x, const float *ye, const int32_t *idx
             const int64_t a = r * K + order[t];
             acc += wt[a] * ye[(int64_t)pos[a] * hid + i];
         }
+        if (shared) acc += ye[((int64_t)gridDim.x * K + r) * hid + i];
         x[r * hid + i] = acc;
     }
 }
@@ -314,17 +344,18 @@ extern "C" kdt_status kdt_mk_rmsnorm(const float *in, int64_t in_ld, const int32
                                      cudaStream_t s) {
     if (R == 0) return KDT_OK;
     BY_DTYPE(dt,
-             (rmsnorm_kernel<<<(unsigned)R, kThreads, 0, s>>>(in, in_ld, rows, n, w, eps, out_f32, f32_ld, (float *)out_act,
-                                                              act_ld)),
-             (rmsnorm_kernel<<<(unsigned)R, kThreads, 0, s>>>(in, in_ld, rows, n, w, eps, out_f32, f32_ld, (bf16 *)out_act,
-                                                              act_ld)));
+             KDT_CUDA_CHECK(kdt_pdl_launch(rmsnorm_kernel<float>, dim3((unsigned)R), dim3(kThreads), 0, s, in, in_ld, rows, n, w,
+                                           eps, out_f32, f32_ld, (float *)out_act, act_ld)),
+             KDT_CUDA_CHECK(kdt_pdl_launch(rmsnorm_kernel<bf16>, dim3((unsigned)R), dim3(kThreads), 0, s, in, in_ld, rows, n, w,
+                                           eps, out_f32, f32_ld, (bf16 *)out_act, act_ld)));
     KDT_CUDA_CHECK_LAUNCH("rmsnorm");
     return KDT_OK;
 }
 
 extern "C" kdt_status kdt_mk_rope_table(float *cs, float *sn, const int32_t *pos, const float *inv_freq, int64_t R, int32_t half,
                                         float factor, cudaStream_t s) {
-    rope_table_kernel<<<grid_for(R * half), kThreads, 0, s>>>(cs, sn, pos, inv_freq, R, half, factor);
+    KDT_CUDA_CHECK(kdt_pdl_launch(rope_table_kernel, dim3(grid_for(R * half)), dim3(kThreads), 0, s, cs, sn, pos, inv_freq, R, half,
+                                  factor));
     KDT_CUDA_CHECK_LAUNCH("rope_table");
     return KDT_OK;
 }
@@ -346,15 +377,16 @@ extern "C" kdt_status kdt_mk_q_absorb(const float *q, int64_t q_ld, const float 
                                       int32_t nope, int32_t rope, int32_t Dv, int interleave, const void *kv_b, int32_t vd, void *qabs,
                                       kdt_dtype dt, cudaStream_t s) {
     if (R == 0) return KDT_OK;
-    constexpr int kCols = 128;
-    const dim3 grid((unsigned)(R * H), (unsigned)((Dv + kCols - 1) / kCols));
+    const dim3 grid((unsigned)H, (unsigned)((Dv + kAbsorbCols - 1) / kAbsorbCols), (unsigned)R);
     const size_t smem = (size_t)nope * sizeof(float);
-    if (smem > 48 * 1024) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: qk_nope_head_dim %d is too large to absorb here", nope);
+    if (smem > 32 * 1024 || Dv % 2 || R > 65535)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: absorb of %lld rows, qk_nope_head_dim %d, kv_lora_rank %d (needs an even "
+                        "rank, at most 8192 nope dims and 65535 rows)", (long long)R, nope, Dv);
     BY_DTYPE(dt,
-             (q_absorb_kernel<<<grid, kCols, smem, s>>>(q, q_ld, cs, sn, H, nope, rope, Dv, interleave, (const float *)kv_b, vd,
-                                                         (float *)qabs)),
-             (q_absorb_kernel<<<grid, kCols, smem, s>>>(q, q_ld, cs, sn, H, nope, rope, Dv, interleave, (const bf16 *)kv_b, vd,
-                                                         (bf16 *)qabs)));
+             KDT_CUDA_CHECK(kdt_pdl_launch(q_absorb_kernel<float>, grid, dim3(kAbsorbWarps * 32), smem, s, q, q_ld, cs, sn, H, nope,
+                                           rope, Dv, interleave, (const float *)kv_b, vd, (float *)qabs)),
+             KDT_CUDA_CHECK(kdt_pdl_launch(q_absorb_kernel<bf16>, grid, dim3(kAbsorbWarps * 32), smem, s, q, q_ld, cs, sn, H, nope,
+                                           rope, Dv, interleave, (const bf16 *)kv_b, vd, (bf16 *)qabs)));
     KDT_CUDA_CHECK_LAUNCH("q_absorb");
     return KDT_OK;
 }
@@ -366,10 +398,10 @@ extern "C" kdt_status kdt_mk_kv_append_qa(const float *ckv, int64_t ld, const fl
     if (R == 0) return KDT_OK;
     const dim3 grid((unsigned)R, q_in ? 2u : 1u);
     BY_DTYPE(dt,
-             (kv_append_kernel<<<grid, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave, (float *)pool, q_in,
-                                                    q_w, ql, (float *)qa)),
-             (kv_append_kernel<<<grid, 128, 0, s>>>(ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope, interleave, (bf16 *)pool, q_in,
-                                                    q_w, ql, (bf16 *)qa)));
+             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<float>, grid, dim3(128), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope,
+                                           interleave, (float *)pool, q_in, q_w, ql, (float *)qa)),
+             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<bf16>, grid, dim3(128), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope,
+                                           interleave, (bf16 *)pool, q_in, q_w, ql, (bf16 *)qa)));
     KDT_CUDA_CHECK_LAUNCH("kv_append");
     return KDT_OK;
 }
@@ -421,13 +453,16 @@ extern "C" kdt_status kdt_mk_gather_rows(const void *x, const int32_t *perm, int
 }
 
 extern "C" kdt_status kdt_mk_moe_combine(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos,
-                                         int64_t R, int32_t K, int32_t E, int32_t hid, cudaStream_t s) {
+                                         int64_t R, int32_t K, int32_t E, int32_t hid, int shared, cudaStream_t s) {
     if (R == 0) return KDT_OK;
     if (K > kMaxTopk) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts per token, at most %d", K, kMaxTopk);
-    moe_combine_kernel<<<(unsigned)R, kThreads, 0, s>>>(x, ye, idx, wt, pos, K, E, hid);
+    KDT_CUDA_CHECK(kdt_pdl_launch(moe_combine_kernel, dim3((unsigned)R), dim3(kThreads), 0, s, x, ye, idx, wt, pos, K, E, hid, shared));
     KDT_CUDA_CHECK_LAUNCH("moe_combine");
     return KDT_OK;
 }
+
+extern "C" void kdt_mk_set_pdl(int on) { g_pdl = on != 0; }
+extern "C" int kdt_mk_pdl(void) { return g_pdl; }
 
 extern "C" kdt_status kdt_cuda_fill_uniform(void *dst, kdt_dtype dt, size_t n, uint64_t seed, float center, float scale) {
     const unsigned g = grid_for((int64_t)n);

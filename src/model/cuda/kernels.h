@@ -12,6 +12,11 @@
 extern "C" {
 #endif
 
+/* Whether the calling thread's launches of the model's kernels use programmatic dependent launch
+ * (pdl.cuh); the forward sets it for its own work (KDT_MODEL_PDL) and clears it after. */
+void kdt_mk_set_pdl(int on);
+int  kdt_mk_pdl(void);
+
 /* x [R, hid] f32 = rows tokens [R] of embed [V, hid] (dt). */
 kdt_status kdt_mk_embed(float *x, const void *embed, kdt_dtype dt, const int32_t *tokens, int64_t R, int32_t hid,
                         cudaStream_t s);
@@ -35,9 +40,9 @@ kdt_status kdt_mk_q_prep(const float *q, int64_t q_ld, const float *cs, const fl
                          cudaStream_t s);
 
 /* kdt_mk_q_prep and the W_UK absorb of the forward in one launch, for small batches (a block per
- * row, head and 128 of the Dv columns reads its W_UK_h columns): qabs [R, H, Dv + rope] (dt) =
- * [q_nope . W_UK_h, rope(q_rope)], W_UK_h the first nope rows of head h of kv_b [H, nope + vd, Dv]
- * (dt). Deterministic, and a row's bits do not depend on the batch. */
+ * head, 64 of the Dv columns and row, its 8 warps splitting the nope sum): qabs [R, H, Dv + rope]
+ * (dt) = [q_nope . W_UK_h, rope(q_rope)], W_UK_h the first nope rows of head h of kv_b
+ * [H, nope + vd, Dv] (dt). Dv even. Deterministic, and a row's bits do not depend on the batch. */
 kdt_status kdt_mk_q_absorb(const float *q, int64_t q_ld, const float *cs, const float *sn, int64_t R, int32_t H, int32_t nope,
                            int32_t rope, int32_t Dv, int interleave, const void *kv_b, int32_t vd, void *qabs, kdt_dtype dt,
                            cudaStream_t s);
@@ -76,23 +81,37 @@ kdt_status kdt_mk_moe_plan(const int32_t *idx, int64_t n, int32_t E, int32_t *co
  * w_gate_up [E, 2I, hid], w_down [E, hid, I] (dt). f32 accumulation in a fixed order
  * (deterministic). Needs kdt_mk_moe_small_fits(hid, I): both multiples of 8. */
 int        kdt_mk_moe_small_fits(int32_t hid, int32_t I);
+/* An RMSNorm made by the kernel that reads its output: rows x[rows ? rows[i] : i] [K] f32 (row
+ * stride K), weights w [K], as kdt_mk_rmsnorm computes them (the same bits). */
+typedef struct kdt_mk_norm {
+    const float *x, *w;
+    const int32_t *rows;
+    float eps;
+} kdt_mk_norm;
+
 /* The same kernels on R rows (at most a few tens; weights streamed once per 16 rows) of x [R, K]
  * (dt) and w [N, K] (dt), K % 8 == 0: gate_up: y [R, N] (dt) = silu(x . w[:N]^T) * (x . w[N:2N]^T),
- * w [2N, K]; else y [R, N] f32 = x . w^T, added to y when accumulate. Deterministic. */
+ * w [2N, K]; else y [R, N] f32 = x . w^T, added to y when accumulate. With norm, x is norm's output
+ * (x itself unread), normalized while staged: no norm launch before. Deterministic. */
 kdt_status kdt_mk_dense_small(int32_t R, const void *x, const void *w, int32_t K, int32_t N, int gate_up, void *y,
-                              int accumulate, kdt_dtype dt, cudaStream_t s);
+                              int accumulate, const kdt_mk_norm *norm, kdt_dtype dt, cudaStream_t s);
+/* shared_gate_up [2I, hid], shared_down [hid, I] (dt; NULL: none): the layer's shared expert of the
+ * same width in the same two launches, over every row, its R assignments at places R * K + r of
+ * act and ye (sized R * (K + 1)); kdt_mk_moe_combine adds them. */
 kdt_status kdt_mk_moe_small(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
-                            const void *w_gate_up, const void *w_down, int32_t E, int32_t hid, int32_t I, void *act,
-                            float *ye, kdt_dtype dt, cudaStream_t s);
+                            const void *w_gate_up, const void *w_down, const void *shared_gate_up, const void *shared_down,
+                            int32_t E, int32_t hid, int32_t I, void *act, float *ye, kdt_dtype dt, cudaStream_t s);
 
 /* xe [n, hid] (dt) = rows perm[j] / K of x [*, hid] (dt). */
 kdt_status kdt_mk_gather_rows(const void *x, const int32_t *perm, int64_t n, int32_t K, int32_t hid, void *xe,
                               kdt_dtype dt, cudaStream_t s);
 
 /* x [R, hid] += sum over each row's valid choices, in increasing expert order, of
- * wt[r, k] * ye[pos[r * K + k]] (ye [*, hid] f32). */
+ * wt[r, k] * ye[pos[r * K + k]] (ye [*, hid] f32), then, with shared (kdt_mk_moe_small's shared
+ * expert), + ye[R * K + r]: the bits of the combine followed by the shared down projection
+ * accumulating into x. */
 kdt_status kdt_mk_moe_combine(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos, int64_t R,
-                              int32_t K, int32_t E, int32_t hid, cudaStream_t s);
+                              int32_t K, int32_t E, int32_t hid, int shared, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "kdt/kdt.h"
+#include "model/cuda/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,10 +19,13 @@ int kdt_mk_route_plan_fits(int64_t R, int32_t E, int32_t G, int32_t K, int32_t h
 
 /* h [R, hid] f32 and w [E, hid] f32: logits [R, E] f32 = h . w^T (h NULL: logits are read, as
  * written by the router GEMM); then idx [R, K], wt [R, K] as kdt_mk_route, counts [E], offs [E],
- * perm [R * K], pos [R * K] as kdt_mk_moe_plan. */
+ * perm [R * K], pos [R * K] as kdt_mk_moe_plan. With in_norm (and h): the block first writes h
+ * [R, hid] f32 and hn [R, hid] (dt) = the RMSNorm of in_norm's rows (rows NULL), with the bits of
+ * kdt_mk_rmsnorm, so that the layer's norm needs no launch of its own. */
 kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t hid, float *logits, const float *bias, int64_t R, int32_t E,
                              int32_t G, int32_t topk_group, int32_t K, int norm, float scale, int32_t *idx, float *wt,
-                             int32_t *counts, int32_t *offs, int32_t *perm, int32_t *pos, cudaStream_t s);
+                             int32_t *counts, int32_t *offs, int32_t *perm, int32_t *pos, const kdt_mk_norm *in_norm, void *hn,
+                             kdt_dtype dt, cudaStream_t s);
 
 #ifdef __cplusplus
 }
