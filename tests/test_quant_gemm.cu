@@ -47,6 +47,20 @@ float bf2f(uint16_t b) {
     return f;
 }
 
+/* ref [M, N] = x [M, K] (bf16) . wf [N, K]^T in double; *ymax: the largest |ref|. */
+double *reference(const uint16_t *x, const float *wf, int M, int N, int K, double *ymax) {
+    double *ref = (double *)calloc((size_t)M * N + 1, sizeof(double));
+    *ymax = 0;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double a = 0;
+            for (int k = 0; k < K; k++) a += (double)bf2f(x[(size_t)m * K + k]) * wf[(size_t)n * K + k];
+            ref[(size_t)m * N + n] = a;
+            *ymax = fmax(*ymax, fabs(a));
+        }
+    return ref;
+}
+
 #define CK(call)                                                                          \
     do {                                                                                  \
         cudaError_t e_ = (call);                                                          \
@@ -74,15 +88,8 @@ void run_case(bool int4, int M, int N, int K, int soff = 0) {
     else kdt_dequant_fp8(w, scale, N, K, 128, 128, wf);
     uint16_t *x = (uint16_t *)malloc((size_t)M * K * 2 + 2);
     for (size_t i = 0; i < (size_t)M * K; i++) x[i] = f2bf(unit());
-    double *ref = (double *)calloc((size_t)M * N + 1, sizeof(double));
-    double ymax = 0;
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            double a = 0;
-            for (int k = 0; k < K; k++) a += (double)bf2f(x[(size_t)m * K + k]) * wf[(size_t)n * K + k];
-            ref[(size_t)m * N + n] = a;
-            ymax = fmax(ymax, fabs(a));
-        }
+    double ymax;
+    double *ref = reference(x, wf, M, N, K, &ymax);
     void *dw, *ds, *dx, *dy, *dq;
     CK(cudaMalloc(&dw, wbytes));
     CK(cudaMalloc(&ds, (size_t)sr * sc * 4 + 16));
@@ -171,16 +178,9 @@ void run_sgemm_case(int fmt, int M, int N, int K, int soff = 0) {
     else kdt_dequant_fp8(w, scale, N, K, 128, 128, wf);
     for (size_t i = 0; i < (size_t)M * K; i++) x[i] = f2bf(unit());
     const size_t ny = (size_t)M * N;
-    double *ref = (double *)malloc(ny * sizeof(double));
     float *y0 = (float *)malloc(ny * 4), *h = (float *)malloc(ny * 4), *first = (float *)malloc(ny * 4), *row = (float *)malloc((size_t)N * 4);
-    double ymax = 0;
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            double a = 0;
-            for (int k = 0; k < K; k++) a += (double)bf2f(x[(size_t)m * K + k]) * wf[(size_t)n * K + k];
-            ref[(size_t)m * N + n] = a;
-            ymax = fmax(ymax, fabs(a));
-        }
+    double ymax;
+    double *ref = reference(x, wf, M, N, K, &ymax);
     for (size_t i = 0; i < ny; i++) y0[i] = unit();
     void *dw, *ds, *dx, *dy;
     CK(cudaMalloc(&dw, wbytes));

@@ -1,12 +1,14 @@
 /* Tensor-core fragments and the K-split reduction shared by the weight-streaming GEMMs
  * (quant_gemm.cu, stream_gemm.cu): mma.sync m16n8k16 bf16 with the weights as the 16-row A operand
  * and up to 8 rows of x as the B operand, int4 nibbles to bf16, and the cluster's rank-ordered sum of
- * partial tiles (deterministic: no atomics). */
+ * partial tiles (deterministic: no atomics) with its launch. */
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+#include <utility>
 
 namespace kdt_frag {
 
@@ -79,6 +81,24 @@ __device__ __forceinline__ void tile_reduce(float *red, const float (&acc)[kTR][
         }
     }
     cluster.sync(); /* no block leaves while another reads its partials */
+}
+
+/* Launches kern over grid in clusters of (1, S, 1), the K split that tile_reduce sums. */
+template <class... KArgs, class... Args>
+cudaError_t launch_k_split(void (*kern)(KArgs...), dim3 grid, int threads, size_t smem, int S, cudaStream_t st, Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = S;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
 }
 
 } // namespace kdt_frag

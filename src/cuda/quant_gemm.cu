@@ -359,22 +359,11 @@ kdt_status launch_clustered(QgemmKernel kern, int warps, size_t smem, int &resid
     }
     const int tiles = (N + 16 * warps - 1) / (16 * warps), steps = (K + kStep - 1) / kStep;
     const int S = max(1, min(min(8, steps), resident / tiles));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(tiles, S, (M + kMaxM - 1) / kMaxM);
-    cfg.blockDim = dim3(32 * warps);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = S;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y, (int)M, (int)N,
-                                             (int)K);
+    const dim3 grid(tiles, S, (M + kMaxM - 1) / kMaxM);
+    const cudaError_t e = launch_k_split(kern, grid, 32 * warps, smem, S, st, (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y,
+                                         (int)M, (int)N, (int)K);
     if (e != cudaSuccess)
-        return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d x %d blocks in clusters of %d: %s", what, tiles, S, cfg.gridDim.z, S,
+        return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d x %d blocks in clusters of %d: %s", what, tiles, S, grid.z, S,
                         cudaGetErrorString(e));
     KDT_CUDA_CHECK_LAUNCH(what);
     return KDT_OK;

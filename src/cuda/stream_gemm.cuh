@@ -253,20 +253,9 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
 template <int kFmt, int kTR, int kMT, int kD>
 kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, int S,
                      cudaStream_t st, const char *what) {
-    const auto kern = sgemm_kernel<kFmt, kTR, kMT, kD>;
     const int tiles = (N + 64 * kTR - 1) / (64 * kTR);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(tiles, S);
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = st;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = S;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = S > 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y, M, N, K, accumulate);
+    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD>, dim3(tiles, S), kThreads, 0, S, st, (const __nv_bfloat16 *)x,
+                                         (const uint8_t *)w, scale, y, M, N, K, accumulate);
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d blocks in clusters of %d: %s", what, tiles, S, S, cudaGetErrorString(e));
     KDT_CUDA_CHECK_LAUNCH(what);
