@@ -222,11 +222,12 @@ int main(int argc, char **argv) {
     bench_emit(out, "- read-only kernel over the same 1 GiB (16-byte loads, 4 in flight a thread): %.0f GB/s\n\n", read_gbs);
     bench_emit(out, "GB/s counts the weights and their scales once per launch; all times are CUDA graphs of 24 launches. "
                     "sgemm: kdt_sgemm with the cfg it picks; old: quant_gemm's streaming kernel (fp8, int4) or cuBLAS (bf16); "
-                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 / 2 / 3: kdt_sgemm with that cfg forced "
-                    "(row tiles a warp x steps in flight: 1 x 4, 2 x 4, 1 x 8).\n\n");
+                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 .. 5: kdt_sgemm with that cfg forced "
+                    "(row tiles a warp x steps in flight: 1 x 4, 2 x 4, 1 x 8; 4, 5: int4 only, 1 x 8 and 2 x 4 with the "
+                    "quad transpose through shared memory).\n\n");
     bench_emit(out, "| weight [N, K] | format | M | cfg | sgemm us | sgemm GB/s | sgemm of ceiling | old us | old of ceiling | "
-                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us |\n");
-    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us | cfg 4 us | cfg 5 us |\n");
+    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     Ctx c = {};
     BCK(cublasCreate(&c.blas));
     char extra[64][200]; /* the prefill rows and the dequantize kernels, printed after */
@@ -271,10 +272,10 @@ int main(int argc, char **argv) {
                 const float tb = time_graph(run_bf16, &c, st, nb);
                 c.copies = cb;
                 if (dec) {
-                    float tv[KDT_SGEMM_CFGS];
+                    float tv[KDT_SGEMM_CFGS] = {};
                     for (int v = 0; v < KDT_SGEMM_CFGS; v++) {
                         c.cfg = v;
-                        tv[v] = time_graph(run_sgemm, &c, st, nb);
+                        if (v < 4 || f == KDT_SGEMM_INT4) tv[v] = time_graph(run_sgemm, &c, st, nb); /* 4, 5: int4's alone */
                     }
                     float to = tb;
                     if (f) {
@@ -283,9 +284,9 @@ int main(int argc, char **argv) {
                     }
                     const double pct = 100 * gb / (tv[0] * 1e-6) / ceiling, pct_old = 100 * gb / (to * 1e-6) / ceiling;
                     tally(tal[f], large, pct);
-                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f |\n",
+                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
                                sh.name, sh.N, sh.K, kFmtName[f], c.M, kdt_sgemm_auto_cfg((kdt_sgemm_fmt)f, sh.N, sh.K), tv[0],
-                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3]);
+                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3], tv[4], tv[5]);
                 } else if (f && n_extra < 60) {
                     c.kernel = KDT_QGEMM_BASELINE;
                     const float tq = time_graph(run_qgemm, &c, st, nb), tp = time_graph(run_prefill, &c, st, nb);

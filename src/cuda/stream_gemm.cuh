@@ -32,8 +32,10 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 /* k in a lane quad's 64 bytes of a row: one pipeline step */
 template <int kFmt> constexpr int step_k() { return kFmt == KDT_SGEMM_BF16 ? 32 : kFmt == KDT_SGEMM_FP8 ? 64 : 128; }
 
-/* cfg -> (row tiles a warp, steps in flight); cfg 0 is "pick" */
-constexpr int kCfgTR[KDT_SGEMM_CFGS] = {0, 1, 2, 1}, kCfgD[KDT_SGEMM_CFGS] = {0, 4, 4, 8};
+/* cfg -> (row tiles a warp, steps in flight, int4's quad transpose through shared memory and ldmatrix
+ * instead of shuffles); cfg 0 is "pick"; cfgs 4 and 5 are 3 and 2 but for the transpose (int4 only). */
+constexpr int kCfgTR[KDT_SGEMM_CFGS] = {0, 1, 2, 1, 1, 2}, kCfgD[KDT_SGEMM_CFGS] = {0, 4, 4, 8, 8, 4};
+constexpr bool kCfgLdsm[KDT_SGEMM_CFGS] = {false, false, false, false, true, true};
 
 /* 16 bytes of W, read once: L1 bypassed, L2 asked for the 256-byte span around it; zeros when !in. */
 __device__ __forceinline__ uint4 ld_w(const uint8_t *p, bool in) {
@@ -62,6 +64,22 @@ __device__ __forceinline__ uint32_t e4m3_odd(uint32_t q) { return e4m3_rescale((
 __device__ __forceinline__ float scale_of(uint2 s, int G) {
     const uint32_t v = G < 2 ? s.x : s.y;
     return __uint_as_float(G & 1 ? v & 0xFFFF0000u : v << 16);
+}
+
+/* quad_transpose of a warp's 16-byte loads (lane 4g + t: group t of row g) through shared memory: each
+ * lane stores its load, and one ldmatrix.x4 (matrix i = group i, 8 rows of 16 bytes) hands lane (g, t)
+ * word t of each group of row g. buf: the warp's 32 slots of 16 bytes, row g's group i at 4g + (i ^ (g / 2
+ * % 4)) (the XOR spreads both the stores and ldmatrix's row reads over all banks). */
+__device__ __forceinline__ void store_for_ldsm(uint4 *buf, uint4 v, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    buf[4 * g + (t ^ ((g >> 1) & 3))] = v;
+}
+__device__ __forceinline__ uint4 ldsm_transposed(const uint4 *buf, int lane) {
+    const int j = lane & 7, i = lane >> 3; /* this lane's address: row j of matrix i */
+    const unsigned a = (unsigned)__cvta_generic_to_shared(buf + 4 * j + (i ^ ((j >> 1) & 3)));
+    uint4 r;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
+    return r;
 }
 
 /* One bf16 step (32 k): lane t's 8 k kb + 8t .. of each row; mma j takes words 2j, 2j + 1. */
@@ -117,18 +135,35 @@ __device__ __forceinline__ void step_fp8(float (&acc)[kTR][kMT][4], const uint4 
 /* One int4 step (128 k, 4 groups): lane t loaded group t of rows g, g + 8; after the quad's transpose
  * its word G is k kb + 32G + 8t .. of group G; mma h of a group takes nibble pairs (2h, 2h + 4) and
  * (2h + 1, 2h + 5), x permuted to match. sc [r][h]: the step's 4 group scales of row g (h = 0), g + 8. */
-template <int kTR, int kMT>
+template <int kTR, int kMT, bool kLdsm>
 __device__ __forceinline__ void step_int4(float (&acc)[kTR][kMT][4], const uint4 (&v)[kTR][2], const uint2 (&sc)[kTR][2],
-                                          const __nv_bfloat16 *const (&xr)[kMT], int kb, int K, int t) {
+                                          const __nv_bfloat16 *const (&xr)[kMT], int kb, int K, int t, uint4 *tbuf) {
     uint32_t q[kTR][2][4];
+    if constexpr (kLdsm) {
+        const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int r = 0; r < kTR; r++)
+        for (int r = 0; r < kTR; r++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            uint4 u = v[r][h];
-            quad_transpose(u, t);
-            q[r][h][0] = u.x, q[r][h][1] = u.y, q[r][h][2] = u.z, q[r][h][3] = u.w;
-        }
+            for (int h = 0; h < 2; h++) store_for_ldsm(tbuf + 32 * (2 * r + h), v[r][h], lane);
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < kTR; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint4 u = ldsm_transposed(tbuf + 32 * (2 * r + h), lane);
+                q[r][h][0] = u.x, q[r][h][1] = u.y, q[r][h][2] = u.z, q[r][h][3] = u.w;
+            }
+        __syncwarp(); /* the slots are free for the next step's stores */
+    } else {
+#pragma unroll
+        for (int r = 0; r < kTR; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint4 u = v[r][h];
+                quad_transpose(u, t);
+                q[r][h][0] = u.x, q[r][h][1] = u.y, q[r][h][2] = u.z, q[r][h][3] = u.w;
+            }
+    }
 #pragma unroll
     for (int G = 0; G < 4; G++) {
         const int k = kb + 32 * G + 8 * t;
@@ -174,13 +209,14 @@ __device__ __forceinline__ uint2 int4_scales(const uint16_t *__restrict__ s16, i
 
 /* y [M, N] (+)= x [M, K] . dequant(w)^T. Grid (ceil(N / (64 kTR)), S), clusters of (1, S, 1) when S > 1:
  * block y = rank = slice of K. Rows past N and x rows past M are read clamped and never written. */
-template <int kFmt, int kTR, int kMT, int kD>
+template <int kFmt, int kTR, int kMT, int kD, bool kLdsm>
 __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
                                                       const void *__restrict__ scale, float *__restrict__ y, int M, int N, int K,
                                                       int accumulate) {
     constexpr int kK = step_k<kFmt>(), kRows = 16 * kTR * kWarps;
     static_assert(128 % (16 * kTR) == 0, "a warp's rows in one FP8 block row");
     __shared__ float red[8 * kMT * (kRows + 4)];
+    __shared__ uint4 tbuf[kLdsm ? kWarps * kTR * 2 * 32 : 1]; /* int4's transposes, 2 kTR slots of 32 a warp */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * kRows, nw = n0 + warp * 16 * kTR, S = gridDim.y, rank = blockIdx.y;
     const int steps = (K + kK - 1) / kK, c0 = rank * steps / S, c1 = (rank + 1) * steps / S;
@@ -227,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
             if (c + d < c1) {
                 if constexpr (kFmt == KDT_SGEMM_BF16) step_bf16<kTR, kMT>(acc, wv[d], xr, (c + d) * kK, K, t);
                 else if constexpr (kFmt == KDT_SGEMM_FP8) step_fp8<kTR, kMT>(acc, wv[d], fs[d], xr, (c + d) * kK, K, t);
-                else step_int4<kTR, kMT>(acc, wv[d], is[d], xr, (c + d) * kK, K, t);
+                else step_int4<kTR, kMT, kLdsm>(acc, wv[d], is[d], xr, (c + d) * kK, K, t, tbuf + (warp * kTR * 2) * 32);
             }
             load(c + d + kD, d);
         }
@@ -250,11 +286,11 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
             }
 }
 
-template <int kFmt, int kTR, int kMT, int kD>
+template <int kFmt, int kTR, int kMT, int kD, bool kLdsm>
 kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, int S,
                      cudaStream_t st, const char *what) {
     const int tiles = (N + 64 * kTR - 1) / (64 * kTR);
-    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD>, dim3(tiles, S), kThreads, 0, S, st, (const __nv_bfloat16 *)x,
+    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm>, dim3(tiles, S), kThreads, 0, S, st, (const __nv_bfloat16 *)x,
                                          (const uint8_t *)w, scale, y, M, N, K, accumulate);
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d blocks in clusters of %d: %s", what, tiles, S, S, cudaGetErrorString(e));
@@ -264,7 +300,7 @@ kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, 
 
 /* K split S: as many slices (at most 8, each at least 4 steps) as let every block of the 16-row kernel
  * (verify's size; the 32-row one may need a short second wave) run at once; the same S for every M. */
-template <int kFmt, int kTR, int kD>
+template <int kFmt, int kTR, int kD, bool kLdsm>
 kdt_status launch_cfg(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st,
                       const char *what) {
     static int resident;
@@ -272,27 +308,32 @@ kdt_status launch_cfg(const void *x, const void *w, const void *scale, float *y,
         int dev = 0, sms = 0, per_sm = 0;
         KDT_CUDA_CHECK(cudaGetDevice(&dev));
         KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, kTR, 2, kD>, kThreads, 0));
+        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, kTR, 2, kD, kLdsm>, kThreads, 0));
         resident = sms * max(per_sm, 1);
     }
     const int tiles = (N + 64 * kTR - 1) / (64 * kTR), steps = (K + step_k<kFmt>() - 1) / step_k<kFmt>();
     const int S = max(1, min(min(8, steps / 4), resident / tiles));
     switch ((M + 7) / 8) {
-    case 1: return launch_mt<kFmt, kTR, 1, kD>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    case 2: return launch_mt<kFmt, kTR, 2, kD>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    case 3: return launch_mt<kFmt, kTR, 3, kD>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    default: return launch_mt<kFmt, kTR, 4, kD>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    case 1: return launch_mt<kFmt, kTR, 1, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    case 2: return launch_mt<kFmt, kTR, 2, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    case 3: return launch_mt<kFmt, kTR, 3, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    default: return launch_mt<kFmt, kTR, 4, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
     }
 }
 
 template <int kFmt>
 kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate,
                       cudaStream_t st, const char *what) {
+    if (kFmt != KDT_SGEMM_INT4 && cfg >= 4) cfg -= 2; /* the transpose is int4's alone */
+#define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c] && kFmt == KDT_SGEMM_INT4>
     switch (cfg) {
-    case 1: return launch_cfg<kFmt, kCfgTR[1], kCfgD[1]>(x, w, scale, y, M, N, K, accumulate, st, what);
-    case 2: return launch_cfg<kFmt, kCfgTR[2], kCfgD[2]>(x, w, scale, y, M, N, K, accumulate, st, what);
-    default: return launch_cfg<kFmt, kCfgTR[3], kCfgD[3]>(x, w, scale, y, M, N, K, accumulate, st, what);
+    case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, accumulate, st, what);
+    case 2: return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, accumulate, st, what);
+    case 3: return KDT_SGEMM_CFG(3)(x, w, scale, y, M, N, K, accumulate, st, what);
+    case 4: return KDT_SGEMM_CFG(4)(x, w, scale, y, M, N, K, accumulate, st, what);
+    default: return KDT_SGEMM_CFG(5)(x, w, scale, y, M, N, K, accumulate, st, what);
     }
+#undef KDT_SGEMM_CFG
 }
 
 } // namespace kdt_sgemm_impl
