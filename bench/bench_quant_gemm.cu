@@ -10,7 +10,7 @@
  * line sums the table up per format: mean share of the ceiling and rows at >= 75%, over the large shapes
  * (dense gate/up, dense down, o) and over all. --prefill adds M = 128 and 512 (quant_gemm's baseline,
  * the dequantize + cuBLAS prefill path) and the dequantize kernels alone. --profile runs one kdt_sgemm
- * launch a format and quant_gemm's streaming kernel on fp8 and int4, at M = 1 on the dense gate/up weight
+ * launch a format (int4 also with cfg 5) and quant_gemm's streaming kernel on fp8 and int4, at M = 1 on the dense gate/up weight
  * [18432, 7168], and nothing else, for ncu.
  *
  *   build/bench/bench_quant_gemm [--out FILE.md] [--quick] [--prefill] | --profile
@@ -178,7 +178,8 @@ void tally(Tally &t, bool large, double pct) {
         }
 }
 
-/* One kdt_sgemm launch a format, then the old kernel's fp8 and int4, at M = 1 on [18432, 7168] (zeros), for a profiler. */
+/* One kdt_sgemm launch a format (and int4 with cfg 5), then the old kernel's fp8 and int4, at M = 1 on [18432, 7168]
+ * (zeros), for a profiler. */
 int profile() {
     const int N = 18432, K = 7168;
     void *w, *s, *x;
@@ -191,9 +192,11 @@ int profile() {
     CK(cudaMemset(s, 0, (size_t)N * K / 16));
     CK(cudaMemset(x, 0, (size_t)K * 2));
     for (int f = 0; f < 3; f++) KCK(kdt_sgemm((kdt_sgemm_fmt)f, x, w, f ? s : NULL, y, 1, N, K, 0, NULL));
+    KCK(kdt_sgemm_cfg(5, KDT_SGEMM_INT4, x, w, s, y, 1, N, K, 0, NULL)); /* int4's transpose through shared memory */
     for (int f = 1; f < 3; f++) KCK(kdt_qgemm_with(KDT_QGEMM_STREAM, f == 2, x, w, s, y, 1, N, K, NULL));
     CK(cudaDeviceSynchronize());
-    printf("profiled kdt_sgemm bf16, fp8, int4, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N, K);
+    printf("profiled kdt_sgemm bf16, fp8, int4, int4 cfg 5, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N,
+           K);
     return 0;
 }
 
