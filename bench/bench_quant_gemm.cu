@@ -10,8 +10,8 @@
  * line sums the table up per format: mean share of the ceiling and rows at >= 75%, over the large shapes
  * (dense gate/up, dense down, o) and over all. --prefill adds M = 128 and 512 (quant_gemm's baseline,
  * the dequantize + cuBLAS prefill path) and the dequantize kernels alone. --profile runs one kdt_sgemm
- * launch a format (int4 also with cfg 5) and quant_gemm's streaming kernel on fp8 and int4, at M = 1 on the dense gate/up weight
- * [18432, 7168], and nothing else, for ncu.
+ * launch a format (int4 also with cfg 5) and quant_gemm's streaming kernel on fp8 and int4, at M = 1
+ * on the dense gate/up weight [18432, 7168], and nothing else, for ncu.
  *
  *   build/bench/bench_quant_gemm [--out FILE.md] [--quick] [--prefill] | --profile
  */
@@ -214,6 +214,7 @@ int main(int argc, char **argv) {
     }
     FILE *out = NULL;
     if (bench_open("bench_quant_gemm", out_path, &out)) return 1;
+    if (out) setvbuf(out, NULL, _IOLBF, 0); /* a run cut by a time limit keeps its rows */
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t st;
@@ -237,7 +238,7 @@ int main(int argc, char **argv) {
     int n_extra = 0;
     Tally tal[3] = {};
     const int n_shapes = quick ? 2 : (int)(sizeof kShapes / sizeof kShapes[0]);
-    const int nb = quick ? 3 : 7;
+    const int nb = quick ? 3 : 5;
     for (int si = 0; si < n_shapes; si++) {
         const Shape &sh = kShapes[si];
         const bool large = (double)sh.N * sh.K >= 5e7;
