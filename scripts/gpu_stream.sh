@@ -10,8 +10,10 @@
 #     summary line (shares of the ceiling and rows >= 75%, computed in C);
 #   ncu: kdt_sgemm at M = 1 on [18432, 7168] in bf16, fp8, int4 and the old kernel in fp8, int4 (DRAM
 #     throughput, instructions, issue-active, occupancy, registers, warp stalls);
-#   bench_model, Kimi dims, batch 1 (decode and 16-row verify), default flags: the streaming kernel off
-#     (KDT_LIN_SGEMM_ROWS=0: cuBLAS and quant_gemm, as before) and on;
+#   bench_model, Kimi dims in bf16, batch 1 (decode and 16-row verify), default flags: the streaming kernel
+#     off (KDT_LIN_SGEMM_ROWS=0: quant_gemm, as before) and on (bf16 stays on cuBLAS: the two should agree);
+#   bench_model_quant, DeepSeek-V3's layout in FP8 (one dense and one MoE layer, --gb 16), decode at batch 1,
+#     8, 32: the streaming kernel off and on (its FP8 attention and dense products go through kdt_lin);
 #   compute-sanitizer memcheck of test_quant_gemm with what is left (at most 60 s).
 #   OUT=/tmp/out bash scripts/gpu_stream.sh
 # Every step prints PASS|FAIL|SKIP <step> (exit, seconds), then its figures; logs in $OUT/logs, tables
@@ -30,8 +32,8 @@ source scripts/gpu_steps.sh
 : >"$OUT/summary.txt"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-T="$BUILD/tests/test_quant_gemm" B="$BUILD/bench/bench_quant_gemm" BM="$BUILD/bench/bench_model"
-step build 100 make -j16 "${MAKEVARS[@]}" "$T" "$B" "$BM" || grep -E 'error' "$LOGS/build.log" | head -20 | tee -a "$OUT/summary.txt"
+T="$BUILD/tests/test_quant_gemm" B="$BUILD/bench/bench_quant_gemm" BM="$BUILD/bench/bench_model" BQ="$BUILD/bench/bench_model_quant"
+step build 100 make -j16 "${MAKEVARS[@]}" "$T" "$B" "$BM" "$BQ" || grep -E 'error' "$LOGS/build.log" | head -20 | tee -a "$OUT/summary.txt"
 
 if [ -x "$T" ]; then
     step test_quant_gemm 25 "$T"
@@ -59,9 +61,18 @@ else say "SKIP  ncu (no ncu or no bench)"; fi
 
 if [ -x "$BM" ]; then
     for v in before after; do
-        rows=0; [ $v = after ] && rows=32
+        rows=0; [ $v = after ] && rows=16
         KDT_LIN_SGEMM_ROWS=$rows step "bench_model_$v" 25 "$BM" --only kimi --batches 1 --prompt 64 --decode 8 --reps 1 --out "$OUT/bench_model_$v.md"
         [ -s "$OUT/bench_model_$v.md" ] && grep -E '^\|  1 ' "$OUT/bench_model_$v.md" | sed "s/^/      $v (KDT_LIN_SGEMM_ROWS=$rows): /" | tee -a "$OUT/summary.txt"
+    done
+fi
+
+if [ -x "$BQ" ]; then
+    for v in before after; do
+        rows=0; [ $v = after ] && rows=16
+        KDT_LIN_SGEMM_ROWS=$rows step "bench_model_quant_fp8_$v" 30 "$BQ" --only fp8 --gb 16 --decode 6 --out "$OUT/bench_model_quant_fp8_$v.md"
+        [ -s "$OUT/bench_model_quant_fp8_$v.md" ] && grep -E '^\| (1|8|32) \|' "$OUT/bench_model_quant_fp8_$v.md" |
+            sed "s/^/      $v (KDT_LIN_SGEMM_ROWS=$rows): /" | tee -a "$OUT/summary.txt"
     done
 fi
 

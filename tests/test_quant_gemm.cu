@@ -152,8 +152,8 @@ void run_case(bool int4, int M, int N, int K, int soff = 0) {
 
 /* The weight-streaming kernel (kdt_sgemm, each cfg) on one shape against the CPU: y = x W^T on a NaN-poisoned
  * y, then y += x W^T on random y (rel L2 <= 1e-5, every element within 1e-4 of the largest |y|); the picked
- * cfg bit-identical across two runs, and rows 0, M / 2 and M - 1 of the M-row product bit-identical to the
- * same rows computed alone (M = 1). fmt: 0 bf16, 1 fp8, 2 int4 (scales at byte offset soff). */
+ * cfg bit-identical across two runs and to every other cfg, and rows 0, M / 2 and M - 1 of the M-row
+ * product bit-identical to the same rows computed alone (M = 1). fmt: 0 bf16, 1 fp8, 2 int4 (scales at byte offset soff). */
 void run_sgemm_case(int fmt, int M, int N, int K, int soff = 0) {
     const char *kind = fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "int4";
     const size_t wbytes = fmt == 0 ? (size_t)N * K * 2 : fmt == 1 ? (size_t)N * K : (size_t)N * K / 2;
@@ -192,6 +192,7 @@ void run_sgemm_case(int fmt, int M, int N, int K, int soff = 0) {
     if (fmt) CK(cudaMemcpy(dsc, fmt == 2 ? (void *)scale16 : (void *)scale, (size_t)sr * sc * (fmt == 2 ? 2 : 4), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dx, x, (size_t)M * K * 2, cudaMemcpyHostToDevice));
     const kdt_sgemm_fmt f = (kdt_sgemm_fmt)fmt;
+    int same_cfgs = 0; /* cfgs 1 .. whose y = x W^T is cfg 0's bits */
     for (int cfg = 0; cfg < KDT_SGEMM_CFGS; cfg++) {
         double rel[2] = {0, 0};
         size_t bad = 0;
@@ -204,6 +205,7 @@ void run_sgemm_case(int fmt, int M, int N, int K, int soff = 0) {
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(h, dy, ny * 4, cudaMemcpyDeviceToHost));
             if (!cfg && !acc) memcpy(first, h, ny * 4);
+            else if (!acc) same_cfgs += !memcmp(first, h, ny * 4);
             double num = 0, den = 0;
             for (size_t i = 0; i < ny; i++) {
                 const double e = ref[i] + (acc ? y0[i] : 0), d = h[i] - e;
@@ -231,10 +233,11 @@ void run_sgemm_case(int fmt, int M, int N, int K, int soff = 0) {
         if (s == KDT_OK) CK(cudaMemcpy(row, dy, (size_t)N * 4, cudaMemcpyDeviceToHost));
         same_rows += s == KDT_OK && !memcmp(row, first + (size_t)rows[j] * N, (size_t)N * 4);
     }
-    kt_check(s == KDT_OK && !memcmp(h, first, ny * 4) && same_rows == 3,
-             "sgemm %s M %d N %d K %d: two runs %s, rows 0, %d, %d alone (M = 1) bit-identical to the M-row product: %d of 3%s%s", kind, M, N,
-             K, !memcmp(h, first, ny * 4) ? "bit-identical" : "DIFFER", M / 2, M - 1, same_rows, s == KDT_OK ? "" : ": ",
-             s == KDT_OK ? "" : kdt_last_error());
+    kt_check(s == KDT_OK && !memcmp(h, first, ny * 4) && same_rows == 3 && same_cfgs == KDT_SGEMM_CFGS - 1,
+             "sgemm %s M %d N %d K %d: two runs %s, rows 0, %d, %d alone (M = 1) bit-identical to the M-row product: %d of 3, "
+             "cfgs 1 .. %d bit-identical to the picked one: %d%s%s",
+             kind, M, N, K, !memcmp(h, first, ny * 4) ? "bit-identical" : "DIFFER", M / 2, M - 1, same_rows, KDT_SGEMM_CFGS - 1,
+             same_cfgs, s == KDT_OK ? "" : ": ", s == KDT_OK ? "" : kdt_last_error());
     cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy);
     free(w); free(scale); free(wf); free(scale16); free(x); free(ref); free(y0); free(h); free(first); free(row);
 }

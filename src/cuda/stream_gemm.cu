@@ -2,9 +2,12 @@
  * (stream_gemm_<fmt>.cu; the kernels and their design: stream_gemm.cuh). */
 #include "cuda/stream_gemm.cuh"
 
-extern "C" int kdt_sgemm_auto_cfg(kdt_sgemm_fmt fmt, int32_t N, int32_t K) {
-    (void)fmt, (void)K;
-    return N >= 8192 ? 2 : 3;
+/* From the H200's bench_quant_gemm (docs/perf/quant.md): int4 1 x 8 with the shared-memory transpose up to
+ * 8 rows, 2 x 4 past them; fp8 1 x 4; bf16 1 x 4 up to 8 rows, 1 x 8 past them. */
+extern "C" int kdt_sgemm_auto_cfg(kdt_sgemm_fmt fmt, int32_t M) {
+    if (fmt == KDT_SGEMM_INT4) return M <= 8 ? 4 : 5;
+    if (fmt == KDT_SGEMM_FP8) return 1;
+    return M <= 8 ? 1 : 3;
 }
 
 extern "C" kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, float *y, int32_t M,
@@ -21,7 +24,7 @@ extern "C" kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, c
         (fmt != KDT_SGEMM_BF16 && !scale))
         return kdt_fail(KDT_ERR_INVALID_ARG, "%s: x and w must be 16-byte aligned, the scales present and aligned to their type", what);
     if (M == 0) return KDT_OK;
-    if (!cfg) cfg = kdt_sgemm_auto_cfg(fmt, N, K);
+    if (!cfg) cfg = kdt_sgemm_auto_cfg(fmt, M);
     const cudaStream_t st = (cudaStream_t)stream;
     switch (fmt) {
     case KDT_SGEMM_BF16: return kdt_sgemm_launch_bf16(cfg, x, w, scale, y, M, N, K, accumulate, st, what);

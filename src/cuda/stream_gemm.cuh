@@ -298,21 +298,31 @@ kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, 
     return KDT_OK;
 }
 
-/* K split S: as many slices (at most 8, each at least 4 steps) as let every block of the 16-row kernel
- * (verify's size; the 32-row one may need a short second wave) run at once; the same S for every M. */
-template <int kFmt, int kTR, int kD, bool kLdsm>
-kdt_status launch_cfg(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st,
-                      const char *what) {
+/* K split S: as many slices (at most 8, each at least 4 steps) as let every block of the reference kernel
+ * (2 row tiles a warp, 4 steps in flight, 16 rows of x; int4's transpose through shared memory) run at
+ * once over 128-row tiles. It depends on the format, N, K and the SM count alone, not on the cfg or M, so
+ * every cfg and every M sums a row's k in the same order (bit-identical rows). */
+template <int kFmt>
+kdt_status k_split(int N, int K, int *S) {
     static int resident;
     if (!resident) {
         int dev = 0, sms = 0, per_sm = 0;
         KDT_CUDA_CHECK(cudaGetDevice(&dev));
         KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, kTR, 2, kD, kLdsm>, kThreads, 0));
+        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, 2, 2, 4, kFmt == KDT_SGEMM_INT4>,
+                                                                     kThreads, 0));
         resident = sms * max(per_sm, 1);
     }
-    const int tiles = (N + 64 * kTR - 1) / (64 * kTR), steps = (K + step_k<kFmt>() - 1) / step_k<kFmt>();
-    const int S = max(1, min(min(8, steps / 4), resident / tiles));
+    const int tiles = (N + 127) / 128, steps = (K + step_k<kFmt>() - 1) / step_k<kFmt>();
+    *S = max(1, min(min(8, steps / 4), resident / tiles));
+    return KDT_OK;
+}
+
+template <int kFmt, int kTR, int kD, bool kLdsm>
+kdt_status launch_cfg(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st,
+                      const char *what) {
+    int S = 1;
+    KDT_TRY(k_split<kFmt>(N, K, &S));
     switch ((M + 7) / 8) {
     case 1: return launch_mt<kFmt, kTR, 1, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
     case 2: return launch_mt<kFmt, kTR, 2, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);

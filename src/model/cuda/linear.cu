@@ -1,6 +1,6 @@
-/* The forward's linears: the weight-streaming kernel (stream_gemm.h) at decode and verify sizes,
- * cuBLAS on weights in the model's dtype past them, quant_gemm's kernels on weights kept quantized past
- * them (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are not a whole
+/* The forward's linears: cuBLAS on weights in the model's dtype; on weights kept quantized, the
+ * weight-streaming kernel (stream_gemm.h) at decode and verify sizes where it is ahead, else quant_gemm's
+ * kernels (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are not a whole
  * number of 128-row blocks) runs one product per part, each placed into its columns of y; an
  * accumulated product of parts goes through the same placing kernel. */
 #include <climits>
@@ -35,12 +35,9 @@ int64_t sgemm_rows() {
     return rows;
 }
 
-/* bf16 weights W [N, K] on the streaming kernel at M rows of x (else cuBLAS): where bench_quant_gemm's
- * H200 table has it ahead (docs/perf/quant.md), and where its 16-byte loads are aligned. */
-bool sgemm_bf16(int64_t M, int64_t N, int64_t K, const void *x, const void *W) {
-    return M <= sgemm_rows() && K % 8 == 0 && N <= INT_MAX && K <= INT_MAX && ((uintptr_t)x | (uintptr_t)W) % 16 == 0 &&
-           (uint64_t)N * (uint64_t)K * 2 <= KDT_LIN_SGEMM_BF16_BYTES;
-}
+/* A quantized product of M rows with W [N, K] on the streaming kernel (else quant_gemm's): where the H200's
+ * bench_quant_gemm has it ahead (docs/perf/quant.md): INT4 at every shape, FP8 on the large matrices. */
+bool sgemm_quant(bool int4, int64_t M, int64_t N, int64_t K) { return M <= sgemm_rows() && (int4 || N * K >= KDT_LIN_SGEMM_FP8_ELEMS); }
 
 unsigned blocks_for(int64_t n) { return (unsigned)(n < 256 * 4096 ? (n + 255) / 256 : 4096); }
 
@@ -73,8 +70,6 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
     if (w->fmt == KDT_WFMT_DENSE) {
         const cudaDataType ct = c->dt == KDT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
         const void *W = (const char *)w->w[0] + (size_t)e * N * K * kdt_dtype_size(c->dt);
-        if (c->dt == KDT_BF16 && sgemm_bf16(M, N, K, x, W))
-            return kdt_sgemm(KDT_SGEMM_BF16, x, W, NULL, y, (int32_t)M, (int32_t)N, (int32_t)K, accumulate, c->s);
         return kdt_lin_gemm(c->blas, M, N, K, W, ct, K, x, ct, K, y, CUDA_R_32F, N, beta);
     }
     if (c->dt != KDT_BF16 || M > INT_MAX)
@@ -90,7 +85,7 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
         }
         return s == KDT_OK ? kdt_lin_gemm(c->blas, M, N, K, c->deq, CUDA_R_16BF, K, x, CUDA_R_16BF, K, y, CUDA_R_32F, N, beta) : s;
     }
-    const bool sgemm = M <= sgemm_rows(), direct = w->parts == 1 && (!accumulate || sgemm);
+    const bool sgemm = sgemm_quant(int4, M, N, K), direct = w->parts == 1 && (!accumulate || sgemm);
     for (int p = 0, row = 0; p < w->parts && s == KDT_OK; row += kdt_dlin_rows(w, p), p++) {
         const int32_t n = kdt_dlin_rows(w, p);
         float *out = direct ? y : c->tmp;
