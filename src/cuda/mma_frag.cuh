@@ -45,6 +45,15 @@ __device__ __forceinline__ void quad_transpose(uint4 &v, int t) {
     v = make_uint4(a[0], a[1], a[2], a[3]);
 }
 
+/* 16 bytes (or 0: zero-fill) from global to shared, L2 only (.cg) or through L1 (.ca, for x, which
+ * the blocks of an SM share). */
+template <bool kL1>
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool in) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (kL1) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
+    else asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
+}
+
 /* The block's partial tile into red [m][row] (row pitch 16 kTR kW + 4: the pad spreads a quad's m over
  * banks; warp w's row tile r is rows 16 (kTR w + r) ..), then after a cluster barrier rank r (block y)
  * sums its share of the tile over the cluster's ranks in order and writes (or adds to) y [M, N].

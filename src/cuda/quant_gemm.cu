@@ -107,14 +107,6 @@ __device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 
     }
 }
 
-/* 16 bytes (or 0: zero-fill) from global to shared, L2 only (.cg) or through L1 (.ca, for x, which
- * the blocks of an SM share). */
-template <bool kL1>
-__device__ __forceinline__ void cp16(void *dst, const void *src, bool in) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if (kL1) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
-    else asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
-}
 __device__ __forceinline__ void cp4(void *dst, const void *src, int bytes) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(bytes) : "memory");
