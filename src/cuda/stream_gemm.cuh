@@ -5,18 +5,19 @@
  * Swap AB: a warp owns kTR tiles of 16 weight rows, the A operand of mma.sync m16n8k16 (bf16, f32
  * accumulation), and x's rows are the B operand, 8 per mma column tile, so one mma covers 16 weight
  * rows x 8 tokens and the weights are read and converted once for all M rows. Each lane streams its
- * weights straight into registers, kD steps ahead: per step, one 16-byte load (L1 bypassed) of each of
- * its rows g and g + 8 per row tile, the quad's four loads 64 contiguous bytes of the row (whole
- * sectors). No shared memory or barrier in the loop; x (small, read by every warp of the SM) comes
- * through L1. Inside an mma the order of k is free as long as A and B agree, so lane t's k are its own
+ * weights kD steps ahead, straight into registers (or, kRing, into its own slots of a shared-memory ring
+ * by cp.async: fewer registers): per step, one 16-byte load (L1 bypassed) of each of its rows g and
+ * g + 8 per row tile, the quad's four loads 64 contiguous bytes of the row (whole sectors). No block
+ * barrier in the loop; x (small, read by every warp of the SM) comes through L1. Inside an mma the order of k is free as long as A and B agree, so lane t's k are its own
  * 16 bytes and x is read (and permuted by prmt) at the same k:
  *   bf16: 8 k a lane a step, 2 mmas; fp8: 16 k, 4 mmas, bytes converted exactly with integer ops and a
  *   bf16x2 multiply, the block scale applied to the step's f32 partial; int4: one group of 32 k a lane,
- *   the quad transposed (quad_transpose) so that one mma's k lie in one group, the group scale applied
+ *   the quad transposed (by shuffles, or kLdsm: through shared memory and ldmatrix) so that one mma's k
+ *   lie in one group, the group scale applied
  *   to the f32 partial of its 2 mmas. Products are exact in bf16; scales never enter the operands.
  * K split: blocks y = 0 .. S-1 of a cluster take contiguous slices of K and sum their partial tiles in
  * rank order (tile_reduce); S depends on N, K, the format and the SM count only, so a row's sum runs in
- * the same order whatever M is (no atomics: run to run and M to M bit-identical). */
+ * the same order whatever M and the cfg are (no atomics: run to run, M to M and cfg to cfg bit-identical). */
 #pragma once
 
 #include "common/cuda/cuda_common.cuh"
@@ -312,8 +313,8 @@ template <int kFmt, int kTR, int kMT, int kD, bool kLdsm, bool kRing>
 kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, int S,
                      cudaStream_t st, const char *what) {
     const int tiles = (N + 64 * kTR - 1) / (64 * kTR);
-    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm, kRing>, dim3(tiles, S), kThreads, 0, S, st, (const __nv_bfloat16 *)x,
-                                         (const uint8_t *)w, scale, y, M, N, K, accumulate);
+    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm, kRing>, dim3(tiles, S), kThreads, 0, S, st,
+                                         (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y, M, N, K, accumulate);
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d blocks in clusters of %d: %s", what, tiles, S, S, cudaGetErrorString(e));
     KDT_CUDA_CHECK_LAUNCH(what);
@@ -372,8 +373,9 @@ kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, 
 } // namespace kdt_sgemm_impl
 
 /* The launch of one format, cfg 1 .. KDT_SGEMM_CFGS - 1, arguments checked (stream_gemm_<fmt>.cu). */
-#define KDT_SGEMM_LAUNCH_ARGS \
-    int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st, const char *what
+#define KDT_SGEMM_LAUNCH_ARGS                                                                                            \
+    int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st, \
+        const char *what
 kdt_status kdt_sgemm_launch_bf16(KDT_SGEMM_LAUNCH_ARGS);
 kdt_status kdt_sgemm_launch_fp8(KDT_SGEMM_LAUNCH_ARGS);
 kdt_status kdt_sgemm_launch_int4(KDT_SGEMM_LAUNCH_ARGS);
