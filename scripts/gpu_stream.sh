@@ -2,19 +2,22 @@
 # Issues 23 and 21, the weight-streaming small-M GEMM (src/cuda/stream_gemm.cu), on the GPU machine in
 # under 150 s (DEADLINE, seconds since the start). Most important first; a step that would pass the
 # deadline is cut to what is left, or skipped and says so:
-#   build (sm_90a): test_quant_gemm, bench_quant_gemm, bench_model;
+#   build (sm_90a): test_quant_gemm, test_quant_cuda, bench_quant_gemm, bench_model, bench_model_quant;
 #   test_quant_gemm: kdt_sgemm in bf16, fp8, int4 and every cfg against the CPU, run to run and
-#     M = 1 against M = 16 .. bit-identical; quant_gemm's kernels as before;
+#     M = 1 against M = 16 .. and every cfg bit-identical; quant_gemm's kernels as before;
+#   test_quant_cuda: the FP8 and INT4 fixtures through kdt_lin (now sgemm up to 16 rows) against their
+#     dequantized twins and the CPU;
 #   bench_quant_gemm: kdt_sgemm beside the old path (quant_gemm's streaming kernel, cuBLAS for bf16) and
 #     cuBLAS on bf16 weights, M = 1, 8, 16, 32, Kimi's shapes; the copy ceiling of the same run; its
 #     summary line (shares of the ceiling and rows >= 75%, computed in C);
-#   ncu: kdt_sgemm at M = 1 on [18432, 7168] in bf16, fp8, int4 and the old kernel in fp8, int4 (DRAM
+#   ncu: kdt_sgemm at M = 1 on [18432, 7168] in bf16, fp8, int4 (the picked cfg, 5 and 6) and the old kernel
+#     in fp8, int4 (DRAM
 #     throughput, instructions, issue-active, occupancy, registers, warp stalls);
 #   bench_model, Kimi dims in bf16, batch 1 (decode and 16-row verify), default flags: the streaming kernel
 #     off (KDT_LIN_SGEMM_ROWS=0: quant_gemm, as before) and on (bf16 stays on cuBLAS: the two should agree);
 #   bench_model_quant, DeepSeek-V3's layout in FP8 (one dense and one MoE layer, --gb 16), decode at batch 1,
 #     8, 32: the streaming kernel off and on (its FP8 attention and dense products go through kdt_lin);
-#   compute-sanitizer memcheck of test_quant_gemm with what is left (at most 60 s).
+#   (before the bench_model_quant runs) compute-sanitizer memcheck of test_quant_gemm (at most 40 s).
 #   OUT=/tmp/out bash scripts/gpu_stream.sh
 # Every step prints PASS|FAIL|SKIP <step> (exit, seconds), then its figures; logs in $OUT/logs, tables
 # in $OUT/*.md and $OUT/ncu.txt, the summary in $OUT/summary.txt.
@@ -32,13 +35,18 @@ source scripts/gpu_steps.sh
 : >"$OUT/summary.txt"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-T="$BUILD/tests/test_quant_gemm" B="$BUILD/bench/bench_quant_gemm" BM="$BUILD/bench/bench_model" BQ="$BUILD/bench/bench_model_quant"
-step build 100 make -j16 "${MAKEVARS[@]}" "$T" "$B" "$BM" "$BQ" || grep -E 'error' "$LOGS/build.log" | head -20 | tee -a "$OUT/summary.txt"
+T="$BUILD/tests/test_quant_gemm" TQ="$BUILD/tests/test_quant_cuda" B="$BUILD/bench/bench_quant_gemm" BM="$BUILD/bench/bench_model" BQ="$BUILD/bench/bench_model_quant"
+step build 100 make -j16 "${MAKEVARS[@]}" "$T" "$TQ" "$B" "$BM" "$BQ" || grep -E 'error' "$LOGS/build.log" | head -20 | tee -a "$OUT/summary.txt"
 
 if [ -x "$T" ]; then
     step test_quant_gemm 25 "$T"
     test_counts test_quant_gemm
     grep -E '^(PASS|FAIL)  sgemm .* M (8|16) N 2048 K 7168' "$LOGS/test_quant_gemm.log" | head -4 | sed 's/^/      /' | tee -a "$OUT/summary.txt"
+fi
+
+if [ -x "$TQ" ]; then
+    step test_quant_cuda 40 "$TQ"
+    test_counts test_quant_cuda
 fi
 
 MD="$OUT/bench_quant_gemm.md"
@@ -67,6 +75,11 @@ if [ -x "$BM" ]; then
     done
 fi
 
+if command -v compute-sanitizer >/dev/null && [ -x "$T" ]; then
+    step memcheck 40 compute-sanitizer --tool memcheck --error-exitcode 9 "$T"
+    grep -E 'ERROR SUMMARY' "$LOGS/memcheck.log" | head -1 | sed 's/^/      /' | tee -a "$OUT/summary.txt"
+else say "SKIP  memcheck (no compute-sanitizer or no test)"; fi
+
 if [ -x "$BQ" ]; then
     for v in before after; do
         rows=0; [ $v = after ] && rows=16
@@ -75,10 +88,5 @@ if [ -x "$BQ" ]; then
             sed "s/^/      $v (KDT_LIN_SGEMM_ROWS=$rows): /" | tee -a "$OUT/summary.txt"
     done
 fi
-
-if command -v compute-sanitizer >/dev/null && [ -x "$T" ]; then
-    step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$T"
-    grep -E 'ERROR SUMMARY' "$LOGS/memcheck.log" | head -1 | sed 's/^/      /' | tee -a "$OUT/summary.txt"
-else say "SKIP  memcheck (no compute-sanitizer or no test)"; fi
 
 say "== $npass passed, $nfail failed, $nskip skipped in $SECONDS s"
