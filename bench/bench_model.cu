@@ -1,12 +1,14 @@
 /* The model's CUDA forward: prefill, decode and tree-verification throughput.
  *
- *   build/bench/bench_model [--out FILE] [--prompt 256] [--decode 32] [--reps 3] [--f32]
+ *   build/bench/bench_model [--out FILE] [--prompt 256] [--decode 32] [--reps 3] [--f32] [--only kimi|builtin]
+ *                           [--batches 1,8,32]
  *
  * Models: the built-in one (Kimi K2's layout scaled down), and one with Kimi K2's per-layer dims
  * (hidden 7168, 64 heads, q_lora 1536, kv_lora 512, rope 64, nope 128, v 128, a dense first layer
  * of intermediate 18432, then a MoE layer of 16 experts of 2048 with top 8 and one shared
  * expert, YaRN as Kimi K2's) but 2 layers and a 32000-token vocabulary: random bf16 weights made
- * on the device (about 3.6 GB), no files. Batches of 1, 8 and 32 requests:
+ * on the device (about 3.6 GB), no files (--only runs one of the two). Batches of 1, 8 and 32 requests
+ * (--batches: a subset):
  *   prefill: every request's prompt of --prompt tokens in one forward (last-row logits);
  *   decode:  --decode steps of one token per request after the prefill (the median step);
  *   verify:  a tree of 16 rows per request after the prefill (the median of --decode runs, each
@@ -41,8 +43,8 @@ const char *kKimiDims =
     "\"rope_scaling\": {\"beta_fast\": 1.0, \"beta_slow\": 1.0, \"factor\": 32.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0,"
     "\"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}, \"tie_word_embeddings\": false}";
 
-constexpr int kBatches[] = {1, 8, 32};
 constexpr int kMaxB = 32, kTree = 16;
+int g_batches[3] = {1, 8, 32}, g_nbatches = 3;
 constexpr double kPeakBw = 4.8e12; /* bytes/s */
 
 FILE *g_out;
@@ -152,8 +154,8 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
     bench_emit(g_out, "|  B | prefill tokens | prefill ms | prefill tok/s | decode ms | decode tok/s | verify ms | verify rows/s "
                       "| decode floor ms | x floor | verify floor ms | x floor |\n");
     bench_emit(g_out, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int bi = 0; bi < (int)(sizeof kBatches / sizeof kBatches[0]); bi++) {
-        const int B = kBatches[bi];
+    for (int bi = 0; bi < g_nbatches; bi++) {
+        const int B = g_batches[bi];
         /* Warm-up: scratch sized and cuBLAS's choices made for this batch. */
         reset(b, B);
         timed(b, B, P, NULL, NULL);
@@ -202,16 +204,27 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
 
 int main(int argc, char **argv) {
     const char *out_path = NULL;
-    int P = 256, D = 32, reps = 3;
+    int P = 256, D = 32, reps = 3, only = 0; /* 1: built-in, 2: Kimi dims */
     kdt_dtype dt = KDT_BF16;
+    const char *usage = "usage: bench_model [--out FILE] [--prompt 256] [--decode 32] [--reps 3] [--f32] [--only kimi|builtin] "
+                        "[--batches 1,8,32]\n";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) P = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc) D = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--f32")) dt = KDT_F32;
-        else {
-            fprintf(stderr, "usage: bench_model [--out FILE] [--prompt 256] [--decode 32] [--reps 3] [--f32]\n");
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && (!strcmp(argv[i + 1], "builtin") || !strcmp(argv[i + 1], "kimi")))
+            only = strcmp(argv[++i], "builtin") ? 2 : 1;
+        else if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
+            g_nbatches = 0;
+            for (char *p = argv[++i], *e; *p && g_nbatches < 3; p = *e ? e + 1 : e) {
+                const long v = strtol(p, &e, 10);
+                if (e == p || (v != 1 && v != 8 && v != 32)) { fprintf(stderr, "bench_model: --batches takes 1, 8 or 32\n"); return 2; }
+                g_batches[g_nbatches++] = (int)v;
+            }
+        } else {
+            fprintf(stderr, "%s", usage);
             return 2;
         }
     }
@@ -227,9 +240,15 @@ int main(int argc, char **argv) {
                prop.name, kdt_dtype_name(dt), P, D, kTree);
     double before = used_gb();
     kdt_model *m = NULL;
-    KCK(kdt_model_builtin_as(0x4B44542D4B324DULL, KDT_BACKEND_CUDA, dt, &m));
-    run_model("built-in model", m, used_gb() - before, P, D, reps);
-    kdt_model_free(m);
+    if (only != 2) {
+        KCK(kdt_model_builtin_as(0x4B44542D4B324DULL, KDT_BACKEND_CUDA, dt, &m));
+        run_model("built-in model", m, used_gb() - before, P, D, reps);
+        kdt_model_free(m);
+    }
+    if (only == 1) {
+        if (g_out) fclose(g_out);
+        return 0;
+    }
     kdt_model_config cfg;
     KCK(kdt_model_config_parse(kKimiDims, strlen(kKimiDims), "Kimi K2 dims", &cfg));
     before = used_gb();

@@ -1,18 +1,19 @@
-/* The quantized-weight GEMMs (src/cuda/quant_gemm.cu) at Kimi K2's shapes: for each weight
- * [N, K], format (FP8 128x128 blocks, INT4 groups of 32) and M = 1, 8, 32, 128, 512 rows of x,
- * the time of the baseline decode kernel and of the streaming kernel (kdt_qgemm_with; the public
- * launchers take the streaming one up to 32 rows), the streaming kernel's GB/s of weights + scales
- * read, and that (and the baseline's) as a share of the device-copy ceiling measured in the same run
- * (cudaMemcpy device to device of 1 GiB, read + written bytes over time; a read-only kernel's GB/s
- * is printed beside it). Kernels are timed as CUDA graphs of 24 launches (as the model's forward
- * replays them), median of batches; the streaming kernel also as 24 plain stream launches (host
- * launch cost included, the method of the first tables in docs/perf/quant.md). Beside them the
- * prefill path (kdt_dequant_*_bf16 then cuBLAS bf16 GEMM, f32 accumulation) and bf16 cuBLAS alone
- * on an unquantized copy (the memory a bf16 checkpoint would read), as stream launches. Every
- * launch reads another copy of the weights (more than 256 MiB in all), so the L2 cache never holds
- * them. Last, the dequantize kernels alone, against the same ceiling in bytes read plus written.
+/* The weight-streaming GEMMs at Kimi K2's shapes (docs/perf/quant.md). For each weight [N, K], format
+ * (bf16, FP8 128x128 blocks, INT4 groups of 32) and M = 1, 8, 16, 32 rows of x: the streaming kernel
+ * (kdt_sgemm, src/cuda/stream_gemm.cu; its cfg as picked, and each forced cfg as experiments) beside the
+ * old path in the same run: quant_gemm's streaming kernel (kdt_qgemm_with, STREAM) for FP8 / INT4, cuBLAS
+ * for bf16; and cuBLAS on a bf16 copy of the weights for every format. GB/s counts the weights and their
+ * scales once per launch, against the device-copy ceiling measured in the same run (cudaMemcpy device to
+ * device of 1 GiB, read + written bytes over time; a read-only kernel's GB/s is printed beside it). Every
+ * kernel is timed as a CUDA graph of 24 launches (as the forward replays them), median of batches; every
+ * launch reads another copy of the weights (more than 256 MiB in all), so L2 never holds them. The last
+ * line sums the table up per format: mean share of the ceiling and rows at >= 75%, over the large shapes
+ * (dense gate/up, dense down, o) and over all. --prefill adds M = 128 and 512 (quant_gemm's baseline,
+ * the dequantize + cuBLAS prefill path) and the dequantize kernels alone. --profile runs one kdt_sgemm
+ * launch a format (int4 also with cfgs 5, 6) and quant_gemm's streaming kernel on fp8 and int4, at M = 1
+ * on the dense gate/up weight [18432, 7168], and nothing else, for ncu.
  *
- *   build/bench/bench_quant_gemm [--out FILE.md] [--quick]
+ *   build/bench/bench_quant_gemm [--out FILE.md] [--quick] [--prefill] | --profile
  */
 #include <string.h>
 
@@ -21,6 +22,7 @@
 #include "bench_common.h"
 #include "cuda/quant_gemm.h"
 #include "cuda/quant_gemm_variant.h"
+#include "cuda/stream_gemm.h"
 
 namespace {
 
@@ -30,7 +32,8 @@ const Shape kShapes[] = {
     {"dense down", 7168, 18432},    {"q_a", 1536, 7168},         {"q_b", 12288, 1536},
     {"kv_a", 576, 7168},            {"kv_b", 16384, 512},        {"o", 7168, 8192},
 };
-const int kM[] = {1, 8, 32, 128, 512};
+const int kDecodeM[] = {1, 8, 16, 32}, kPrefillM[] = {128, 512};
+const char *const kFmtName[] = {"bf16", "fp8 128x128", "int4 g32"};
 
 #define BCK(call)                                                                 \
     do {                                                                          \
@@ -42,20 +45,32 @@ const int kM[] = {1, 8, 32, 128, 512};
     } while (0)
 
 struct Ctx {
-    int int4, M, N, K, copies, next;
+    int fmt, M, N, K, copies, next, cfg;
     kdt_qgemm_kernel kernel;
     size_t wbytes, sbytes;
-    unsigned char *w, *s;      /* copies of the weights and scales, back to back */
+    unsigned char *w, *s;      /* copies of the weights (in fmt) and scales, back to back */
     void *x, *bf, *wbf;        /* x [M, K] bf16; bf16 scratch [N, K]; bf16 weights, copies back to back */
+    int bf_copies;
     float *y;
     cublasHandle_t blas;
 };
 
+const void *wcopy(Ctx *c, const void **s) {
+    const int i = c->next++ % c->copies;
+    *s = c->s + (size_t)i * c->sbytes;
+    return c->w + (size_t)i * c->wbytes;
+}
+
+void run_sgemm(void *p, cudaStream_t st) {
+    Ctx *c = (Ctx *)p;
+    const void *s, *w = wcopy(c, &s);
+    KCK(kdt_sgemm_cfg(c->cfg, (kdt_sgemm_fmt)c->fmt, c->x, w, c->fmt ? s : NULL, c->y, c->M, c->N, c->K, 0, st));
+}
+
 void run_qgemm(void *p, cudaStream_t st) {
     Ctx *c = (Ctx *)p;
-    const int i = c->next++ % c->copies;
-    const void *w = c->w + (size_t)i * c->wbytes, *s = c->s + (size_t)i * c->sbytes;
-    KCK(kdt_qgemm_with(c->kernel, c->int4, c->x, w, s, c->y, c->M, c->N, c->K, st));
+    const void *s, *w = wcopy(c, &s);
+    KCK(kdt_qgemm_with(c->kernel, c->fmt == KDT_SGEMM_INT4, c->x, w, s, c->y, c->M, c->N, c->K, st));
 }
 
 /* y^T [N, M] = W [N, K] x^T, column-major for cuBLAS: y [M, N] row-major. */
@@ -68,10 +83,9 @@ void gemm_bf16(Ctx *c, const void *w, cudaStream_t st) {
 
 void run_dequant(void *p, cudaStream_t st) {
     Ctx *c = (Ctx *)p;
-    const int i = c->next++ % c->copies;
-    const void *w = c->w + (size_t)i * c->wbytes, *s = c->s + (size_t)i * c->sbytes;
-    KCK(c->int4 ? kdt_dequant_int4_bf16(w, s, c->bf, c->N, c->K, st)
-                : kdt_dequant_fp8_bf16(w, (const float *)s, c->bf, c->N, c->K, st));
+    const void *s, *w = wcopy(c, &s);
+    KCK(c->fmt == KDT_SGEMM_INT4 ? kdt_dequant_int4_bf16(w, s, c->bf, c->N, c->K, st)
+                                 : kdt_dequant_fp8_bf16(w, (const float *)s, c->bf, c->N, c->K, st));
 }
 
 void run_prefill(void *p, cudaStream_t st) {
@@ -81,7 +95,7 @@ void run_prefill(void *p, cudaStream_t st) {
 
 void run_bf16(void *p, cudaStream_t st) {
     Ctx *c = (Ctx *)p;
-    const int i = c->next++ % c->copies;
+    const int i = c->next++ % c->bf_copies;
     gemm_bf16(c, (const unsigned char *)c->wbf + (size_t)i * c->N * c->K * 2, st);
 }
 
@@ -152,97 +166,163 @@ float copy_ceiling(cudaStream_t st, float *read_gbs) {
     return (float)(2.0 * n / (bench_median(t, 8) * 1e-3) / 1e9);
 }
 
+/* Per format: shares of the ceiling over the decode rows, large shapes and all. */
+struct Tally { double sum[2]; int n[2], ok[2]; };
+
+void tally(Tally &t, bool large, double pct) {
+    for (int a = 0; a < 2; a++)
+        if (a || large) {
+            t.sum[a] += pct;
+            t.n[a]++;
+            t.ok[a] += pct >= 75.0;
+        }
+}
+
+/* One kdt_sgemm launch a format (and int4 with cfgs 5, 6), then the old kernel's fp8 and int4, at M = 1 on [18432, 7168]
+ * (zeros), for a profiler. */
+int profile() {
+    const int N = 18432, K = 7168;
+    void *w, *s, *x;
+    float *y;
+    CK(cudaMalloc(&w, (size_t)N * K * 2));
+    CK(cudaMalloc(&s, (size_t)N * K / 16));
+    CK(cudaMalloc(&x, (size_t)K * 2));
+    CK(cudaMalloc((void **)&y, (size_t)N * 4));
+    CK(cudaMemset(w, 0, (size_t)N * K * 2));
+    CK(cudaMemset(s, 0, (size_t)N * K / 16));
+    CK(cudaMemset(x, 0, (size_t)K * 2));
+    for (int f = 0; f < 3; f++) KCK(kdt_sgemm((kdt_sgemm_fmt)f, x, w, f ? s : NULL, y, 1, N, K, 0, NULL));
+    for (int cfg = 5; cfg <= 6; cfg++) KCK(kdt_sgemm_cfg(cfg, KDT_SGEMM_INT4, x, w, s, y, 1, N, K, 0, NULL)); /* int4: 2 x 4, the ring */
+    for (int f = 1; f < 3; f++) KCK(kdt_qgemm_with(KDT_QGEMM_STREAM, f == 2, x, w, s, y, 1, N, K, NULL));
+    CK(cudaDeviceSynchronize());
+    printf("profiled kdt_sgemm bf16, fp8, int4, int4 cfgs 5 and 6, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N,
+           K);
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
     const char *out_path = NULL;
-    int quick = 0;
+    int quick = 0, prefill = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else { fprintf(stderr, "usage: %s [--out FILE.md] [--quick]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--prefill")) prefill = 1;
+        else if (!strcmp(argv[i], "--profile")) return profile();
+        else { fprintf(stderr, "usage: %s [--out FILE.md] [--quick] [--prefill] | --profile\n", argv[0]); return 2; }
     }
     FILE *out = NULL;
     if (bench_open("bench_quant_gemm", out_path, &out)) return 1;
+    if (out) setvbuf(out, NULL, _IOLBF, 0); /* a run cut by a time limit keeps its rows */
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
-    bench_report_header(out, "Quantized-weight GEMMs (bench_quant_gemm)", &prop, argc, argv);
+    bench_report_header(out, "Weight-streaming GEMMs (bench_quant_gemm)", &prop, argc, argv);
     float read_gbs = 0;
     const float ceiling = copy_ceiling(st, &read_gbs);
     bench_emit(out, "- copy ceiling (1 GiB device-to-device, read + written bytes): %.0f GB/s\n", ceiling);
     bench_emit(out, "- read-only kernel over the same 1 GiB (16-byte loads, 4 in flight a thread): %.0f GB/s\n\n", read_gbs);
-    bench_emit(out, "GB/s counts the quantized weights and their scales once per launch. base: the baseline decode kernel; "
-                    "stream: the streaming kernel (the public path up to 32 rows); both as CUDA graphs of 24 launches. "
-                    "stream (launches): the streaming kernel as 24 stream launches. prefill: dequantize to bf16, then cuBLAS "
-                    "bf16 GEMM. bf16: cuBLAS on a bf16 copy of the weights (stream launches).\n\n");
-    bench_emit(out, "| weight [N, K] | format | M | base us | stream us | stream GB/s | stream of ceiling | base of ceiling | "
-                    "stream (launches) us | prefill us | bf16 cuBLAS us |\n");
-    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    bench_emit(out, "GB/s counts the weights and their scales once per launch; all times are CUDA graphs of 24 launches. "
+                    "sgemm: kdt_sgemm with the cfg it picks; old: quant_gemm's streaming kernel (fp8, int4) or cuBLAS (bf16); "
+                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 .. 6: kdt_sgemm with that cfg forced "
+                    "(row tiles a warp x steps in flight: 1 x 4, 2 x 4, 1 x 8; 4, 5: int4 only, 1 x 8 and 2 x 4 with the "
+                    "quad transpose through shared memory; 6: 4 with the weights' ring in shared memory, every format).\n\n");
+    bench_emit(out, "| weight [N, K] | format | M | cfg | sgemm us | sgemm GB/s | sgemm of ceiling | old us | old of ceiling | "
+                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us | cfg 4 us | cfg 5 us | cfg 6 us |\n");
+    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     Ctx c = {};
     BCK(cublasCreate(&c.blas));
-    char deq[2 * sizeof kShapes / sizeof kShapes[0]][160]; /* the dequantize kernels' table, printed last */
-    int n_deq = 0;
+    char extra[64][200]; /* the prefill rows and the dequantize kernels, printed after */
+    int n_extra = 0;
+    Tally tal[3] = {};
     const int n_shapes = quick ? 2 : (int)(sizeof kShapes / sizeof kShapes[0]);
+    const int nb = quick ? 3 : 5;
     for (int si = 0; si < n_shapes; si++) {
         const Shape &sh = kShapes[si];
-        for (int f = 0; f < 2; f++) {
-            c.int4 = f;
+        const bool large = (double)sh.N * sh.K >= 5e7;
+        for (int f = 0; f < 3; f++) {
+            c.fmt = f;
             c.N = sh.N;
             c.K = sh.K;
-            c.wbytes = f ? (size_t)sh.N * sh.K / 2 : (size_t)sh.N * sh.K;
-            c.sbytes = f ? (size_t)sh.N * (sh.K / 32) * 2 : (size_t)((sh.N + 127) / 128) * ((sh.K + 127) / 128) * 4;
-            c.sbytes = (c.sbytes + 255) / 256 * 256; /* keep each copy 16-byte aligned */
+            c.wbytes = f == 0 ? (size_t)sh.N * sh.K * 2 : f == 1 ? (size_t)sh.N * sh.K : (size_t)sh.N * sh.K / 2;
+            c.sbytes = f == 0 ? 0 : f == 2 ? (size_t)sh.N * (sh.K / 32) * 2 : (size_t)((sh.N + 127) / 128) * ((sh.K + 127) / 128) * 4;
+            const size_t sbytes = c.sbytes; /* counted; the copies are padded */
+            c.sbytes = (c.sbytes + 255) / 256 * 256;
             const size_t bf_bytes = (size_t)sh.N * sh.K * 2;
             c.copies = (int)((256ull << 20) / c.wbytes + 2);
-            const int bf_copies = (int)((256ull << 20) / bf_bytes + 2);
+            c.bf_copies = (int)((256ull << 20) / bf_bytes + 2);
             CK(cudaMalloc((void **)&c.w, c.wbytes * c.copies));
-            CK(cudaMalloc((void **)&c.s, c.sbytes * c.copies));
+            CK(cudaMalloc((void **)&c.s, c.sbytes * c.copies + 256));
             CK(cudaMalloc(&c.bf, bf_bytes));
-            CK(cudaMalloc(&c.wbf, bf_bytes * bf_copies));
-            fill(c.w, c.wbytes * c.copies, 1);
-            CK(cudaMemset(c.s, 0x3c, c.sbytes * c.copies)); /* small positive scales in f32 and bf16 alike */
-            CK(cudaMemset(c.wbf, 0x3c, bf_bytes * bf_copies));
-            c.next = 0;
-            const float td = bench_time_launches(run_dequant, &c, st, 0, 24, quick ? 3 : 9);
-            const double dbytes = (double)(c.wbytes + c.sbytes + bf_bytes); /* read once, bf16 written once */
-            snprintf(deq[n_deq++], sizeof deq[0], "| %s [%d, %d] | %s | %.1f | %.0f | %.0f%% |\n", sh.name, sh.N, sh.K,
-                     f ? "int4 g32" : "fp8 128x128", td, dbytes / (td * 1e-6) / 1e9, 100 * dbytes / (td * 1e-6) / 1e9 / ceiling);
-            for (int mi = 0; mi < (int)(sizeof kM / sizeof kM[0]); mi++) {
-                c.M = kM[mi];
+            if (f) {
+                CK(cudaMalloc(&c.wbf, bf_bytes * c.bf_copies));
+                CK(cudaMemset(c.wbf, 0x3c, bf_bytes * c.bf_copies));
+            } else c.wbf = c.w;
+            if (f == 1) fill(c.w, c.wbytes * c.copies, 1);
+            else CK(cudaMemset(c.w, f ? 0x5a : 0x3c, c.wbytes * c.copies)); /* bf16 1.1719 / int4 nibbles 10, 5 */
+            CK(cudaMemset(c.s, 0x3c, c.sbytes * c.copies + 256)); /* small positive scales in f32 and bf16 alike */
+            const double gb = (double)(c.wbytes + sbytes) / 1e9;
+            for (int mi = 0; mi < (int)(sizeof kDecodeM / sizeof kDecodeM[0]) + (prefill ? 2 : 0); mi++) {
+                const bool dec = mi < (int)(sizeof kDecodeM / sizeof kDecodeM[0]);
+                c.M = dec ? kDecodeM[mi] : kPrefillM[mi - 4];
                 CK(cudaMalloc(&c.x, (size_t)c.M * sh.K * 2));
                 CK(cudaMalloc((void **)&c.y, (size_t)c.M * sh.N * 4));
                 CK(cudaMemset(c.x, 0x3c, (size_t)c.M * sh.K * 2));
                 c.next = 0;
-                const int nb = quick ? 3 : 9;
-                c.kernel = KDT_QGEMM_BASELINE;
-                const float tq0 = time_graph(run_qgemm, &c, st, nb);
-                c.kernel = KDT_QGEMM_STREAM;
-                const float tq = time_graph(run_qgemm, &c, st, nb);
-                const float tql = bench_time_launches(run_qgemm, &c, st, 0, 24, nb);
-                const float tp = bench_time_launches(run_prefill, &c, st, 0, 24, nb);
-                const int copies = c.copies;
-                c.copies = bf_copies;
-                const float tb = bench_time_launches(run_bf16, &c, st, 0, 24, nb);
-                c.copies = copies;
-                const double gbs = (double)(c.wbytes + c.sbytes) / (tq * 1e-6) / 1e9;
-                const double gbs0 = (double)(c.wbytes + c.sbytes) / (tq0 * 1e-6) / 1e9;
-                bench_emit(out, "| %s [%d, %d] | %s | %d | %.1f | %.1f | %.0f | %.0f%% | %.0f%% | %.1f | %.1f | %.1f |\n", sh.name,
-                           sh.N, sh.K, f ? "int4 g32" : "fp8 128x128", c.M, tq0, tq, gbs, 100 * gbs / ceiling,
-                           100 * gbs0 / ceiling, tql, tp, tb);
+                const int cb = c.copies;
+                c.copies = c.bf_copies;
+                const float tb = time_graph(run_bf16, &c, st, nb);
+                c.copies = cb;
+                if (dec) {
+                    float tv[KDT_SGEMM_CFGS] = {};
+                    for (int v = 0; v < KDT_SGEMM_CFGS; v++) {
+                        c.cfg = v;
+                        if (v < 4 || v > 5 || f == KDT_SGEMM_INT4) tv[v] = time_graph(run_sgemm, &c, st, nb); /* 4, 5: int4's alone */
+                    }
+                    float to = tb;
+                    if (f) {
+                        c.kernel = KDT_QGEMM_STREAM;
+                        to = time_graph(run_qgemm, &c, st, nb);
+                    }
+                    const double pct = 100 * gb / (tv[0] * 1e-6) / ceiling, pct_old = 100 * gb / (to * 1e-6) / ceiling;
+                    tally(tal[f], large, pct);
+                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                               sh.name, sh.N, sh.K, kFmtName[f], c.M, kdt_sgemm_auto_cfg((kdt_sgemm_fmt)f, c.M), tv[0],
+                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3], tv[4], tv[5], tv[6]);
+                } else if (f && n_extra < 60) {
+                    c.kernel = KDT_QGEMM_BASELINE;
+                    const float tq = time_graph(run_qgemm, &c, st, nb), tp = time_graph(run_prefill, &c, st, nb);
+                    snprintf(extra[n_extra++], sizeof extra[0], "| %s [%d, %d] | %s | %d | %.1f | %.1f | %.1f |\n", sh.name, sh.N, sh.K,
+                             kFmtName[f], c.M, tq, tp, tb);
+                }
                 CK(cudaFree(c.x));
                 CK(cudaFree(c.y));
+            }
+            if (prefill && f && n_extra < 64) {
+                const float td = time_graph(run_dequant, &c, st, nb);
+                const double dbytes = (double)(c.wbytes + sbytes + bf_bytes); /* read once, bf16 written once */
+                snprintf(extra[n_extra++], sizeof extra[0], "| %s [%d, %d] | %s | dequantize alone | %.1f | %.0f GB/s | %.0f%% |\n",
+                         sh.name, sh.N, sh.K, kFmtName[f], td, dbytes / (td * 1e-6) / 1e9, 100 * dbytes / (td * 1e-6) / 1e9 / ceiling);
             }
             CK(cudaFree(c.w));
             CK(cudaFree(c.s));
             CK(cudaFree(c.bf));
-            CK(cudaFree(c.wbf));
+            if (f) CK(cudaFree(c.wbf));
         }
     }
-    bench_emit(out, "\nThe dequantize kernels alone (prefill path): GB/s of quantized bytes read plus bf16 bytes written.\n\n");
-    bench_emit(out, "| weight [N, K] | format | dequant us | GB/s | of ceiling |\n|---|---|---:|---:|---:|\n");
-    for (int i = 0; i < n_deq; i++) bench_emit(out, "%s", deq[i]);
+    if (n_extra) {
+        bench_emit(out, "\nPrefill sizes: quant_gemm's baseline kernel, dequantize + cuBLAS, cuBLAS bf16 (us); then the dequantize "
+                        "kernels alone (bytes read + written against the ceiling).\n\n");
+        bench_emit(out, "| weight [N, K] | format | M | baseline us | prefill us | cuBLAS bf16 us |\n|---|---|---|---:|---:|---:|\n");
+        for (int i = 0; i < n_extra; i++) bench_emit(out, "%s", extra[i]);
+    }
+    bench_emit(out, "\nsummary: copy ceiling %.0f GB/s;", ceiling);
+    for (int f = 0; f < 3; f++)
+        bench_emit(out, " %s: large shapes mean %.0f%%, %d of %d rows >= 75%%; all mean %.0f%%, %d of %d >= 75%%%s", kFmtName[f],
+                   tal[f].n[0] ? tal[f].sum[0] / tal[f].n[0] : 0, tal[f].ok[0], tal[f].n[0], tal[f].n[1] ? tal[f].sum[1] / tal[f].n[1] : 0,
+                   tal[f].ok[1], tal[f].n[1], f < 2 ? ";" : "\n");
     BCK(cublasDestroy(c.blas));
     CK(cudaStreamDestroy(st));
     if (out) fclose(out);

@@ -24,6 +24,7 @@ extern "C" {
 }
 #include "cuda/quant_gemm.h"
 #include "cuda/quant_gemm_variant.h"
+#include "cuda/stream_gemm.h"
 
 namespace {
 
@@ -44,6 +45,20 @@ float bf2f(uint16_t b) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+/* ref [M, N] = x [M, K] (bf16) . wf [N, K]^T in double; *ymax: the largest |ref|. */
+double *reference(const uint16_t *x, const float *wf, int M, int N, int K, double *ymax) {
+    double *ref = (double *)calloc((size_t)M * N + 1, sizeof(double));
+    *ymax = 0;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double a = 0;
+            for (int k = 0; k < K; k++) a += (double)bf2f(x[(size_t)m * K + k]) * wf[(size_t)n * K + k];
+            ref[(size_t)m * N + n] = a;
+            *ymax = fmax(*ymax, fabs(a));
+        }
+    return ref;
 }
 
 #define CK(call)                                                                          \
@@ -73,15 +88,8 @@ void run_case(bool int4, int M, int N, int K, int soff = 0) {
     else kdt_dequant_fp8(w, scale, N, K, 128, 128, wf);
     uint16_t *x = (uint16_t *)malloc((size_t)M * K * 2 + 2);
     for (size_t i = 0; i < (size_t)M * K; i++) x[i] = f2bf(unit());
-    double *ref = (double *)calloc((size_t)M * N + 1, sizeof(double));
-    double ymax = 0;
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            double a = 0;
-            for (int k = 0; k < K; k++) a += (double)bf2f(x[(size_t)m * K + k]) * wf[(size_t)n * K + k];
-            ref[(size_t)m * N + n] = a;
-            ymax = fmax(ymax, fabs(a));
-        }
+    double ymax;
+    double *ref = reference(x, wf, M, N, K, &ymax);
     void *dw, *ds, *dx, *dy, *dq;
     CK(cudaMalloc(&dw, wbytes));
     CK(cudaMalloc(&ds, (size_t)sr * sc * 4 + 16));
@@ -142,6 +150,98 @@ void run_case(bool int4, int M, int N, int K, int soff = 0) {
     free(w); free(scale); free(scale16); free(wf); free(x); free(ref); free(y1); free(y2); free(y3); free(q);
 }
 
+/* The weight-streaming kernel (kdt_sgemm, each cfg) on one shape against the CPU: y = x W^T on a NaN-poisoned
+ * y, then y += x W^T on random y (rel L2 <= 1e-5, every element within 1e-4 of the largest |y|); the picked
+ * cfg bit-identical across two runs and to every other cfg, and rows 0, M / 2 and M - 1 of the M-row
+ * product bit-identical to the same rows computed alone (M = 1). fmt: 0 bf16, 1 fp8, 2 int4 (scales at byte offset soff). */
+void run_sgemm_case(int fmt, int M, int N, int K, int soff = 0) {
+    const char *kind = fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "int4";
+    const size_t wbytes = fmt == 0 ? (size_t)N * K * 2 : fmt == 1 ? (size_t)N * K : (size_t)N * K / 2;
+    const int sr = fmt == 2 ? N : (N + 127) / 128, sc = fmt == 2 ? K / 32 : (K + 127) / 128;
+    unsigned char *w = (unsigned char *)malloc(wbytes);
+    float *scale = (float *)malloc((size_t)sr * sc * 4), *wf = (float *)malloc((size_t)N * K * 4);
+    uint16_t *scale16 = (uint16_t *)malloc((size_t)sr * sc * 2), *x = (uint16_t *)malloc((size_t)M * K * 2);
+    for (size_t i = 0; i < wbytes; i++) {
+        w[i] = (unsigned char)rnd();
+        if (fmt == 1 && (w[i] & 0x7F) == 0x7F) w[i] ^= 1; /* no NaN codes */
+    }
+    for (int i = 0; i < sr * sc; i++) {
+        scale[i] = 0.001f + 0.01f * (unit() + 1);
+        scale16[i] = f2bf(scale[i]);
+    }
+    if (fmt == 0)
+        for (size_t i = 0; i < (size_t)N * K; i++) {
+            ((uint16_t *)w)[i] = f2bf(unit());
+            wf[i] = bf2f(((uint16_t *)w)[i]);
+        }
+    else if (fmt == 2) kdt_dequant_int4(w, scale16, N, K, 32, wf);
+    else kdt_dequant_fp8(w, scale, N, K, 128, 128, wf);
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = f2bf(unit());
+    const size_t ny = (size_t)M * N;
+    float *y0 = (float *)malloc(ny * 4), *h = (float *)malloc(ny * 4), *first = (float *)malloc(ny * 4), *row = (float *)malloc((size_t)N * 4);
+    double ymax;
+    double *ref = reference(x, wf, M, N, K, &ymax);
+    for (size_t i = 0; i < ny; i++) y0[i] = unit();
+    void *dw, *ds, *dx, *dy;
+    CK(cudaMalloc(&dw, wbytes));
+    CK(cudaMalloc(&ds, (size_t)sr * sc * 4 + 16));
+    CK(cudaMalloc(&dx, (size_t)M * K * 2));
+    CK(cudaMalloc(&dy, ny * 4));
+    void *dsc = fmt ? (char *)ds + soff : NULL;
+    CK(cudaMemcpy(dw, w, wbytes, cudaMemcpyHostToDevice));
+    if (fmt) CK(cudaMemcpy(dsc, fmt == 2 ? (void *)scale16 : (void *)scale, (size_t)sr * sc * (fmt == 2 ? 2 : 4), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx, x, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+    const kdt_sgemm_fmt f = (kdt_sgemm_fmt)fmt;
+    int same_cfgs = 0; /* cfgs 1 .. whose y = x W^T is cfg 0's bits */
+    for (int cfg = 0; cfg < KDT_SGEMM_CFGS; cfg++) {
+        double rel[2] = {0, 0};
+        size_t bad = 0;
+        kdt_status s = KDT_OK;
+        for (int acc = 0; acc < 2 && s == KDT_OK; acc++) {
+            if (acc) CK(cudaMemcpy(dy, y0, ny * 4, cudaMemcpyHostToDevice));
+            else CK(cudaMemset(dy, 0xFF, ny * 4)); /* NaN */
+            s = kdt_sgemm_cfg(cfg, f, dx, dw, dsc, (float *)dy, M, N, K, acc, NULL);
+            if (s != KDT_OK) break;
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(h, dy, ny * 4, cudaMemcpyDeviceToHost));
+            if (!cfg && !acc) memcpy(first, h, ny * 4);
+            else if (!acc) same_cfgs += !memcmp(first, h, ny * 4);
+            double num = 0, den = 0;
+            for (size_t i = 0; i < ny; i++) {
+                const double e = ref[i] + (acc ? y0[i] : 0), d = h[i] - e;
+                num += d * d;
+                den += e * e;
+                if (!(fabs(d) <= 1e-4 * (ymax + (acc ? 1 : 0)))) bad++;
+            }
+            rel[acc] = sqrt(num / fmax(den, 1e-300));
+        }
+        if (s != KDT_OK) {
+            kt_fail("sgemm %s M %d N %d K %d cfg %d: %s", kind, M, N, K, cfg, kdt_last_error());
+            continue;
+        }
+        kt_check(rel[0] <= 1e-5 && rel[1] <= 1e-5 && !bad, "sgemm %s M %d N %d K %d%s cfg %d: rel L2 %.1e (y =), %.1e (y +=), %zu outside",
+                 kind, M, N, K, soff ? " (scales 2 bytes off)" : "", cfg, rel[0], rel[1], bad);
+    }
+    /* Run to run, and M to M: the picked cfg again, then rows alone. */
+    kdt_status s = kdt_sgemm(f, dx, dw, dsc, (float *)dy, M, N, K, 0, NULL);
+    if (s == KDT_OK) CK(cudaMemcpy(h, dy, ny * 4, cudaMemcpyDeviceToHost));
+    int same_rows = 0;
+    const int rows[3] = {0, M / 2, M - 1};
+    for (int j = 0; j < 3 && s == KDT_OK; j++) {
+        CK(cudaMemset(dy, 0xFF, (size_t)N * 4));
+        s = kdt_sgemm(f, (const uint16_t *)dx + (size_t)rows[j] * K, dw, dsc, (float *)dy, 1, N, K, 0, NULL);
+        if (s == KDT_OK) CK(cudaMemcpy(row, dy, (size_t)N * 4, cudaMemcpyDeviceToHost));
+        same_rows += s == KDT_OK && !memcmp(row, first + (size_t)rows[j] * N, (size_t)N * 4);
+    }
+    kt_check(s == KDT_OK && !memcmp(h, first, ny * 4) && same_rows == 3 && same_cfgs == KDT_SGEMM_CFGS - 1,
+             "sgemm %s M %d N %d K %d: two runs %s, rows 0, %d, %d alone (M = 1) bit-identical to the M-row product: %d of 3, "
+             "cfgs 1 .. %d bit-identical to the picked one: %d%s%s",
+             kind, M, N, K, !memcmp(h, first, ny * 4) ? "bit-identical" : "DIFFER", M / 2, M - 1, same_rows, KDT_SGEMM_CFGS - 1,
+             same_cfgs, s == KDT_OK ? "" : ": ", s == KDT_OK ? "" : kdt_last_error());
+    cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy);
+    free(w); free(scale); free(wf); free(scale16); free(x); free(ref); free(y0); free(h); free(first); free(row);
+}
+
 } // namespace
 
 int main() {
@@ -159,6 +259,16 @@ int main() {
     }
     run_case(true, 5, 131, 1056);    /* 131 x 33 scales: the last word holds one */
     run_case(true, 13, 129, 1024, 2); /* scales not 4-byte aligned: the baseline kernel */
+    /* The streaming kernel: partial tiles and steps, M in each count of 8-row tiles, K split over 1 to 8 blocks. */
+    static const int sshapes[][3] = {{1, 7, 224},    {3, 130, 1056}, {5, 300, 224},   {9, 129, 1024}, {16, 200, 2048},
+                                     {24, 576, 1056}, {32, 64, 7168}, {8, 2048, 7168}, {17, 1100, 512}};
+    for (const auto &sh : sshapes)
+        for (int f = 0; f < 3; f++) run_sgemm_case(f, sh[0], sh[1], sh[2]);
+    run_sgemm_case(0, 2, 33, 200);     /* bf16: K % 32 != 0 (a partial step) */
+    run_sgemm_case(1, 4, 129, 208);    /* fp8: a partial 128-k block and a partial 64-k step */
+    run_sgemm_case(2, 5, 131, 1056, 2); /* int4: 33 groups a row, scales 2 bytes off (one load a scale) */
+    kdt_status bad = kdt_sgemm(KDT_SGEMM_FP8, (void *)16, (void *)16, (void *)16, (float *)16, 33, 8, 64, 0, NULL);
+    kt_check(bad == KDT_ERR_SHAPE && strstr(kdt_last_error(), "sgemm fp8"), "sgemm refuses M = 33: %s", kdt_last_error());
     /* Bad arguments are refused, naming the kernel. */
     kdt_status s = kdt_qgemm_int4((void *)16, (void *)16, (void *)16, (float *)16, 1, 8, 48, NULL);
     kt_check(s == KDT_ERR_SHAPE && strstr(kdt_last_error(), "qgemm_int4"), "qgemm_int4 refuses K = 48 (not a multiple of 32): %s",

@@ -10,7 +10,7 @@
  * its 128-k step, an INT4 group scale the partial of its 2 mmas (the quad transposes its 16-byte
  * loads so that one mma's k are all in one group). When N has few tiles, a cluster of up to 8
  * blocks splits K and sums the partials through distributed shared memory in rank order:
- * deterministic. Two kernels share those pieces (fp8_step, int4_step, tile_reduce):
+ * deterministic. Two kernels share those pieces (fp8_step, int4_step, mma_frag.cuh's tile_reduce):
  * - qgemm_ring_kernel (M <= 32, docs/perf/quant.md): 4 or 8 warps a block stream the weights, the
  *   step's x chunk and its scales through one ring in shared memory, 3 to 8 steps ahead, one
  *   barrier a step: no global load between a step's wait and its mmas.
@@ -18,16 +18,16 @@
  *   through its own ring, x and the scales read from global memory inside the step.
  *
  * Dequantize kernels (prefill path): one thread per 16-byte chunk of W, 16-byte stores. */
-#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include "common/cuda/cuda_common.cuh"
+#include "cuda/mma_frag.cuh"
 #include "cuda/quant_gemm.h"
 #include "cuda/quant_gemm_variant.h"
 
-namespace cg = cooperative_groups;
-
 namespace {
+
+using namespace kdt_frag;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -37,45 +37,12 @@ constexpr int kMaxM = 32;           /* x rows per block (4 mma column tiles) */
 /* A tile's rows share one FP8 block row of scales; a step is one FP8 block column. */
 static_assert(KDT_QGEMM_FP8_BLOCK % kTileN == 0 && kStep == KDT_QGEMM_FP8_BLOCK, "tile and step vs the FP8 block");
 
-__device__ __forceinline__ float bf16_bits(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
-
 /* Two e4m3 bytes (low first) as a bf16x2 word: exact, e4m3 values are f16 and bf16 values. */
 __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t v) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xFFFFu), __NV_E4M3);
     const float2 f = __half22float2(__half2(h));
     const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
     return *(const uint32_t *)&b;
-}
-
-/* Nibbles i and i + 4 of w minus 8 as a bf16x2 word: 0x4300 | n is the bf16 128 + n (n in the
- * mantissa's low bits), so one shift, one lop3 and one bf16x2 subtraction of 136 give n - 8. */
-__device__ __forceinline__ uint32_t nib2_bf16x2(uint32_t w, int i) {
-    const uint32_t p = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
-    const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&p, __float2bfloat162_rn(136.f));
-    return *(const uint32_t *)&r;
-}
-
-/* c [16 rows, 8 cols] f32 += a [16, 16] bf16 x b [16, 8] bf16 (PTX fragment layouts). */
-__device__ __forceinline__ void mma(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* The 4 words of a quad's 16-byte loads, transposed: lane t gets word t of each lane's load. */
-__device__ __forceinline__ void quad_transpose(uint4 &v, int t) {
-    uint32_t a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int m = 1; m <= 2; m <<= 1)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if (j & m) continue;
-            const bool hi = t & m;
-            const uint32_t r = __shfl_xor_sync(0xffffffffu, hi ? a[j] : a[j | m], m);
-            if (hi) a[j] = r;
-            else a[j | m] = r;
-        }
-    v = make_uint4(a[0], a[1], a[2], a[3]);
 }
 
 /* One 128-k FP8 step of a warp's 16 rows g, g + 8: q0, q1 the lane's 32 bytes of each (k kb + 32t ..),
@@ -140,44 +107,6 @@ __device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 
     }
 }
 
-/* The block's partial tile (each of its kW warps' accumulators) into red [m][row] (row pitch 16 kW + 4:
- * the pad spreads a quad's m over banks), then after a cluster barrier rank r (block y) sums its share
- * of the tile over the cluster's ranks in order and writes y [M, N]. */
-template <int kMT, int kW>
-__device__ __forceinline__ void tile_reduce(float *red, const float (&acc)[kMT][4], float *__restrict__ y, int M, int N, int m0,
-                                            int n0) {
-    constexpr int kRows = 16 * kW, kPitch = kRows + 4;
-    cg::cluster_group cluster = cg::this_cluster();
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, row = (threadIdx.x >> 5) * 16 + g;
-    /* c0, c1: row g, x rows 2t, 2t + 1; c2, c3: row g + 8. */
-#pragma unroll
-    for (int i = 0; i < kMT; i++) {
-        red[(8 * i + 2 * t) * kPitch + row] = acc[i][0];
-        red[(8 * i + 2 * t + 1) * kPitch + row] = acc[i][1];
-        red[(8 * i + 2 * t) * kPitch + row + 8] = acc[i][2];
-        red[(8 * i + 2 * t + 1) * kPitch + row + 8] = acc[i][3];
-    }
-    cluster.sync();
-    const int S = gridDim.y, rank = blockIdx.y;
-    const int mrows = min(M - m0, kMT * 8), total = mrows * kRows;
-    const int e0 = rank * total / S, e1 = (rank + 1) * total / S;
-    for (int e = e0 + threadIdx.x; e < e1; e += 32 * kW) {
-        const int m = e / kRows, c = e % kRows;
-        float v = 0;
-        for (int q = 0; q < S; q++) v += cluster.map_shared_rank(red, q)[m * kPitch + c];
-        if (n0 + c < N) y[(size_t)(m0 + m) * N + n0 + c] = v;
-    }
-    cluster.sync(); /* no block leaves while another reads its partials */
-}
-
-/* 16 bytes (or 0: zero-fill) from global to shared, L2 only (.cg) or through L1 (.ca, for x, which
- * the blocks of an SM share). */
-template <bool kL1>
-__device__ __forceinline__ void cp16(void *dst, const void *src, bool in) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if (kL1) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
-    else asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
-}
 __device__ __forceinline__ void cp4(void *dst, const void *src, int bytes) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(bytes) : "memory");
@@ -251,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 4) qgemm_kernel(const __nv_bfloat16 
         }
     }
     asm volatile("cp.async.wait_all;" ::: "memory"); /* the zero-filled copies past the slice, before the block ends */
-    tile_reduce<kMT, kWarps>(red, acc, y, M, N, m0, n0);
+    tile_reduce<1, kMT, kWarps>(red, reinterpret_cast<const float(&)[1][kMT][4]>(acc), y, M, N, m0, n0, false);
 }
 
 /* One step of the streaming kernel's ring (kW warps, 16 kW rows): everything a step computes on is
@@ -359,7 +288,7 @@ __global__ void __launch_bounds__(32 * kW) qgemm_ring_kernel(const __nv_bfloat16
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads(); /* the ring becomes the partial tile */
-    tile_reduce<kMT, kW>(reinterpret_cast<float *>(smem), acc, y, M, N, m0, n0);
+    tile_reduce<1, kMT, kW>(reinterpret_cast<float *>(smem), reinterpret_cast<const float(&)[1][kMT][4]>(acc), y, M, N, m0, n0, false);
 }
 
 /* One thread per 16-byte chunk of w (16 e4m3 values, or 32 int4 values = one group): out [N, K]
@@ -422,22 +351,11 @@ kdt_status launch_clustered(QgemmKernel kern, int warps, size_t smem, int &resid
     }
     const int tiles = (N + 16 * warps - 1) / (16 * warps), steps = (K + kStep - 1) / kStep;
     const int S = max(1, min(min(8, steps), resident / tiles));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(tiles, S, (M + kMaxM - 1) / kMaxM);
-    cfg.blockDim = dim3(32 * warps);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = S;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y, (int)M, (int)N,
-                                             (int)K);
+    const dim3 grid(tiles, S, (M + kMaxM - 1) / kMaxM);
+    const cudaError_t e = launch_k_split(kern, grid, 32 * warps, smem, S, st, (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y,
+                                         (int)M, (int)N, (int)K);
     if (e != cudaSuccess)
-        return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d x %d blocks in clusters of %d: %s", what, tiles, S, cfg.gridDim.z, S,
+        return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d x %d blocks in clusters of %d: %s", what, tiles, S, grid.z, S,
                         cudaGetErrorString(e));
     KDT_CUDA_CHECK_LAUNCH(what);
     return KDT_OK;

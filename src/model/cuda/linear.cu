@@ -1,11 +1,14 @@
-/* The forward's linears: cuBLAS on weights in the model's dtype, quant_gemm's kernels on weights
- * kept quantized (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are
- * not a whole number of 128-row blocks) runs one product per part, each placed into its columns
- * of y; an accumulated product goes through the same placing kernel. */
+/* The forward's linears: cuBLAS on weights in the model's dtype; on weights kept quantized, the
+ * weight-streaming kernel (stream_gemm.h) at decode and verify sizes where it is ahead, else quant_gemm's
+ * kernels (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are not a whole
+ * number of 128-row blocks) runs one product per part, each placed into its columns of y; an
+ * accumulated product of parts goes through the same placing kernel. */
 #include <climits>
+#include <stdlib.h>
 
 #include "common/cuda/cuda_common.cuh"
 #include "cuda/quant_gemm.h"
+#include "cuda/stream_gemm.h"
 #include "model/cuda.h"
 #include "model/cuda/linear.h"
 
@@ -19,6 +22,22 @@ __global__ void place_kernel(float *__restrict__ y, int64_t ldy, int64_t col0, c
         *o = accumulate ? *o + t[i] : t[i];
     }
 }
+
+/* Rows up to which the streaming kernel runs: $KDT_LIN_SGEMM_ROWS where set (0 turns it off: the
+ * before of a before / after run), else KDT_LIN_SGEMM_ROWS. */
+int64_t sgemm_rows() {
+    static int64_t rows = -1;
+    if (rows < 0) {
+        const char *e = getenv("KDT_LIN_SGEMM_ROWS");
+        rows = e ? atoi(e) : KDT_LIN_SGEMM_ROWS;
+        rows = rows < 0 ? 0 : rows > KDT_SGEMM_MAX_ROWS ? KDT_SGEMM_MAX_ROWS : rows;
+    }
+    return rows;
+}
+
+/* A quantized product of M rows with W [N, K] on the streaming kernel (else quant_gemm's): where the H200's
+ * bench_quant_gemm has it ahead (docs/perf/quant.md): INT4 at every shape, FP8 on the large matrices. */
+bool sgemm_quant(bool int4, int64_t M, int64_t N, int64_t K) { return M <= sgemm_rows() && (int4 || N * K >= KDT_LIN_SGEMM_FP8_ELEMS); }
 
 unsigned blocks_for(int64_t n) { return (unsigned)(n < 256 * 4096 ? (n + 255) / 256 : 4096); }
 
@@ -66,12 +85,16 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
         }
         return s == KDT_OK ? kdt_lin_gemm(c->blas, M, N, K, c->deq, CUDA_R_16BF, K, x, CUDA_R_16BF, K, y, CUDA_R_32F, N, beta) : s;
     }
-    const bool direct = w->parts == 1 && !accumulate;
+    const bool sgemm = sgemm_quant(int4, M, N, K), direct = w->parts == 1 && (!accumulate || sgemm);
     for (int p = 0, row = 0; p < w->parts && s == KDT_OK; row += kdt_dlin_rows(w, p), p++) {
         const int32_t n = kdt_dlin_rows(w, p);
         float *out = direct ? y : c->tmp;
-        s = int4 ? kdt_qgemm_int4(x, part_w(w, p, e), part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s)
-                 : kdt_qgemm_fp8(x, part_w(w, p, e), (const float *)part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s);
+        if (sgemm)
+            s = kdt_sgemm(int4 ? KDT_SGEMM_INT4 : KDT_SGEMM_FP8, x, part_w(w, p, e), part_s(w, p, e), out, (int32_t)M, n, (int32_t)K,
+                          direct && accumulate, c->s);
+        else
+            s = int4 ? kdt_qgemm_int4(x, part_w(w, p, e), part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s)
+                     : kdt_qgemm_fp8(x, part_w(w, p, e), (const float *)part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s);
         if (s != KDT_OK || direct) continue;
         place_kernel<<<blocks_for(M * n), 256, 0, c->s>>>(y, N, row, c->tmp, M, n, accumulate != 0);
         KDT_CUDA_CHECK_LAUNCH("linear place");

@@ -14,6 +14,12 @@
 /* Past this many rows the quantized weights are dequantized for cuBLAS (quant_gemm re-reads them
  * per 32 rows: docs/perf/quant.md, the prefill column). */
 #define KDT_LIN_QGEMM_ROWS 64
+/* Up to this many rows (at most KDT_SGEMM_MAX_ROWS; $KDT_LIN_SGEMM_ROWS overrides it, 0 turns it off)
+ * INT4 weights, and FP8 weights of at least KDT_LIN_SGEMM_FP8_ELEMS values, go to the weight-streaming
+ * kernel (stream_gemm.h): a row's result is then the same bits in a decode step and in a 16-row tree.
+ * bf16 weights stay on cuBLAS, ahead of the streaming kernel at every shape measured. */
+#define KDT_LIN_SGEMM_ROWS 16
+#define KDT_LIN_SGEMM_FP8_ELEMS (48ll << 20)
 
 #ifdef __cplusplus
 extern "C" {
