@@ -1,0 +1,234 @@
+/* The routed experts of a MoE layer on quantized weights at decode and verify sizes
+ * (moe_quant.h; docs/perf/quant.md, "Grouped quantized experts"): two launches a layer, gate/up
+ * with SiLU . mul, then down, each over every expert with rows, weights streamed once from DRAM
+ * and dequantized in registers onto the tensor cores.
+ *
+ * Grid (output tiles of 64 columns, expert slots, row slices). The experts with rows are not known
+ * on the host (the routing stays on the device, so the launch can be captured in a graph): slot j
+ * takes the j-th expert with rows in expert order, found by each warp from counts [E] (all E read
+ * at once, one round trip); there are min(E, R K) slots, and slots past the active experts exit.
+ * A warp owns 16 output columns of its expert (gate/up: the 16 gate rows and the matching 16 up
+ * rows, two mma A tiles, so SiLU . mul pairs registers of the same lane) and up to 32 of its rows
+ * (kMT mma column tiles of 8; the tile count is picked per block from the expert's rows), over the
+ * whole K in 128-k steps: quant_mma.cuh's fp8_step / int4_step, the weights as the mma's A operand
+ * (16 rows x 16 k), the token rows as B. Each lane loads its own 16-byte pieces of rows g and g + 8
+ * (whole 32-byte sectors per instruction) and the step's scales, kU steps ahead into registers, so
+ * about 4 KB a warp are in flight whatever the wait on the step being computed; the token rows
+ * (x: a few KB per expert, shared by the SM's warps) are read from L1 / L2 in the step. No shared
+ * memory and no barrier: warps run independently. Each output is one warp's sum in a fixed order:
+ * deterministic. */
+#include "common/cuda/cuda_common.cuh"
+#include "cuda/quant_mma.cuh"
+#include "model/cuda/moe_quant.h"
+
+namespace {
+
+#include "model/cuda/moe.cuh" /* WQuant (the rows' and scales' addresses), silu */
+
+typedef __nv_bfloat16 bf16;
+
+constexpr int kQWarps = 4;   /* a block: 4 warps, 64 output columns */
+constexpr int kQCols = 16;   /* output columns a warp */
+constexpr int kQStep = 128;  /* k per step: one FP8 block column, four INT4 groups */
+constexpr int kScan = 12;    /* expert counts a lane reads per round: 384 experts in one round trip */
+
+/* The j-th expert with rows (counts [E] > 0) in expert order, or -1; every lane of the warp gets it. */
+__device__ int nth_active(const int32_t *__restrict__ counts, int E, int j) {
+    const int lane = threadIdx.x & 31;
+    int seen = 0, found = -1;
+    for (int base = 0; base < E; base += 32 * kScan) {
+        int c[kScan];
+#pragma unroll
+        for (int q = 0; q < kScan; q++) c[q] = base + 32 * q + lane < E ? counts[base + 32 * q + lane] : 0;
+#pragma unroll
+        for (int q = 0; q < kScan; q++) {
+            unsigned m = __ballot_sync(0xffffffffu, c[q] > 0);
+            const int n = __popc(m);
+            if (found < 0 && j < seen + n) {
+                for (int r = j - seen; r > 0; r--) m &= m - 1;
+                found = base + 32 * q + __ffs((int)m) - 1;
+            }
+            seen += n;
+        }
+    }
+    return found;
+}
+
+/* What a lane holds of one step, per A tile a: rows g and g + 8 (h), INT4 bytes 16t .. 16t + 15 of the
+ * row's 64-byte step (group t), FP8 bytes 16t .. and 64 + 16t .. of its 128-byte step; s: INT4 group
+ * t's bf16 scales of rows g (low half) and g + 8 (high), FP8 the tile's block scale (f32 bits). */
+template <bool kInt4, int kA> struct QStage {
+    uint4 w[kA][2][kInt4 ? 1 : 2];
+    uint32_t s[kA];
+};
+
+/* One warp: columns col0 .. col0 + 15 of expert e against its rows r_beg .. r_beg + 8 kMT - 1 (those
+ * below cnt), at assignment places off + row. kGateUp: in = x [*, n_in] (row perm[place] / topk),
+ * out = act [*, n_out] bf16; else in = act [*, n_in] (row = place), out = ye [*, n_out] f32. */
+template <bool kInt4, bool kGateUp, int kMT>
+__device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, const WQuant<kInt4> &w,
+                                            int e, int off, int r_beg, int cnt, int n_in, int n_out, int col0, void *out) {
+    constexpr int kA = kGateUp ? 2 : 1;
+    /* Steps in flight: 128 bytes a lane (a step is kA x 32 bytes in INT4, kA x 64 in FP8), 4 KB a warp. */
+    constexpr int kU = (kInt4 ? 4 : 2) / kA;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nsteps = (n_in + kQStep - 1) / kQStep, ng = n_in / 32;
+    const uint8_t *wr[kA][2], *sr[kA][2];
+#pragma unroll
+    for (int a = 0; a < kA; a++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int col = min(col0 + g + 8 * h, n_out - 1); /* columns past n_out: read, never written */
+            const typename WQuant<kInt4>::Row r = w.row(e, 0, (size_t)(a ? n_out + col : col), 0);
+            wr[a][h] = r.w, sr[a][h] = r.s;
+        }
+    const bf16 *xr[kMT];
+#pragma unroll
+    for (int i = 0; i < kMT; i++) {
+        const int row = r_beg + 8 * i + g;
+        xr[i] = row < cnt ? in + (size_t)(kGateUp && perm ? perm[off + row] / topk : off + row) * n_in : nullptr;
+    }
+
+    /* Past K the pieces are zero (x there too): K % 16 == 0, so a 16-byte piece is all in or all out. */
+    auto load = [&](QStage<kInt4, kA> &st, int s) {
+#pragma unroll
+        for (int a = 0; a < kA; a++) {
+            uint32_t sc = 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if constexpr (kInt4) {
+                    const int o = s * (kQStep / 2) + 16 * t;
+                    st.w[a][h][0] = o < n_in / 2 ? __ldcs((const uint4 *)(wr[a][h] + o)) : make_uint4(0, 0, 0, 0);
+                    const int gi = s * 4 + t;
+                    sc |= (gi < ng ? (uint32_t)__ldcs((const unsigned short *)sr[a][h] + gi) : 0u) << (16 * h);
+                } else {
+#pragma unroll
+                    for (int l = 0; l < 2; l++) {
+                        const int o = s * kQStep + 64 * l + 16 * t;
+                        st.w[a][h][l] = o < n_in ? __ldcs((const uint4 *)(wr[a][h] + o)) : make_uint4(0, 0, 0, 0);
+                    }
+                }
+            }
+            if constexpr (!kInt4) sc = s < nsteps ? __float_as_uint(__ldcs((const float *)sr[a][0] + s)) : 0u;
+            st.s[a] = sc;
+        }
+    };
+    float acc[kA][kMT][4] = {};
+    auto compute = [&](const QStage<kInt4, kA> &st, int s) {
+        const int kb = s * kQStep;
+        uint4 xv[kMT][4]; /* chunk u: INT4 k kb + 32u + 8t .. + 7; FP8 kb + 64 (u / 2) + 16t + 8 (u % 2) .. */
+#pragma unroll
+        for (int i = 0; i < kMT; i++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int k = kInt4 ? kb + 32 * u + 8 * t : kb + 64 * (u / 2) + 16 * t + 8 * (u % 2);
+                xv[i][u] = xr[i] && k < n_in ? __ldg((const uint4 *)(xr[i] + k)) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int a = 0; a < kA; a++) {
+            if constexpr (kInt4) {
+                uint32_t sw[4]; /* group G's scales, from lane G of the quad */
+#pragma unroll
+                for (int G = 0; G < 4; G++) sw[G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
+                int4_step<kMT>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, [&](int i, int G) { return xv[i][G]; },
+                               [&](int G, int h) { return bf16_bits((uint16_t)(h ? sw[G] >> 16 : sw[G])); });
+            } else {
+                const uint4(&p)[2] = st.w[a][0], (&q)[2] = st.w[a][1];
+                const uint32_t q0[8] = {p[0].x, p[0].y, p[0].z, p[0].w, p[1].x, p[1].y, p[1].z, p[1].w};
+                const uint32_t q1[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
+                fp8_step<kMT>(acc[a], q0, q1, __uint_as_float(st.s[a]), [&](int i, int u) { return xv[i][u]; });
+            }
+        }
+    };
+
+    QStage<kInt4, kA> ring[kU];
+#pragma unroll
+    for (int u = 0; u < kU; u++) load(ring[u], u);
+    for (int s0 = 0; s0 < nsteps; s0 += kU) {
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+            if (s0 + u >= nsteps) break;
+            const QStage<kInt4, kA> cur = ring[u];
+            load(ring[u], s0 + u + kU);
+            compute(cur, s0 + u);
+        }
+    }
+
+    /* c0, c1: row g, x rows 2t, 2t + 1 of the tile; c2, c3: row g + 8. */
+#pragma unroll
+    for (int i = 0; i < kMT; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int col = col0 + g + (c >= 2 ? 8 : 0), row = r_beg + 8 * i + 2 * t + (c & 1);
+            if (col >= n_out || row >= cnt) continue;
+            const size_t p = (size_t)off + row;
+            if constexpr (kGateUp) ((bf16 *)out)[p * n_out + col] = __float2bfloat16_rn(silu(acc[0][i][c]) * acc[1][i][c]);
+            else ((float *)out)[p * n_out + col] = acc[0][i][c];
+        }
+}
+
+/* Grid (ceil(n_out / 64), slots): block (x, j) runs the j-th expert with rows (see expert_cols): at
+ * most 8 rows (kMaxRows 8: batches of up to 8 rows), else 16 at a time, the weights read again for
+ * each 16 past the first (rare at decode sizes). kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in].
+ * 4 blocks an SM (at most 128 registers): 16 warps, 64 KB in flight. */
+template <bool kInt4, bool kGateUp, int kMaxRows>
+__global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
+                                                                const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
+                                                                int E, const WQuant<kInt4> w, int n_in, int n_out, void *out) {
+    const int col0 = (blockIdx.x * kQWarps + threadIdx.x / 32) * kQCols;
+    if (col0 >= n_out) return;
+    const int e = nth_active(counts, E, blockIdx.y);
+    if (e < 0) return;
+    const int cnt = counts[e], off = offs[e];
+    if (kMaxRows <= 8 || cnt <= 8) expert_cols<kInt4, kGateUp, 1>(in, perm, topk, w, e, off, 0, cnt, n_in, n_out, col0, out);
+    else
+        for (int r = 0; r < cnt; r += 16) expert_cols<kInt4, kGateUp, 2>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, out);
+}
+
+template <bool kInt4> WQuant<kInt4> wq(const kdt_dlin *d) {
+    return {{(const uint8_t *)d->w[0], (const uint8_t *)d->w[1]}, {(const uint8_t *)d->scale[0], (const uint8_t *)d->scale[1]},
+            d->N, d->N0, d->K};
+}
+
+template <bool kInt4, int kMaxRows>
+kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
+                  const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
+    const int32_t E = gu->n;
+    const int cols = kQWarps * kQCols;
+    const unsigned slots = (unsigned)(R * K < E ? R * K : E);
+    moe_quant_kernel<kInt4, true, kMaxRows><<<dim3((unsigned)((I + cols - 1) / cols), slots), 32 * kQWarps, 0, s>>>(
+        x, perm, K, counts, offs, E, wq<kInt4>(gu), hid, I, act);
+    KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
+    moe_quant_kernel<kInt4, false, kMaxRows><<<dim3((unsigned)((hid + cols - 1) / cols), slots), 32 * kQWarps, 0, s>>>(
+        (const bf16 *)act, nullptr, K, counts, offs, E, wq<kInt4>(dn), I, hid, ye);
+    KDT_CUDA_CHECK_LAUNCH("moe_quant down");
+    return KDT_OK;
+}
+
+/* An expert has at most one assignment per row: R <= 8 needs no second tile. */
+template <bool kInt4>
+kdt_status launch_rows(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                       const kdt_dlin *gu, const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
+    if (R <= 8) return launch<kInt4, 8>(R, x, perm, K, counts, offs, gu, dn, hid, I, act, ye, s);
+    return launch<kInt4, 16>(R, x, perm, K, counts, offs, gu, dn, hid, I, act, ye, s);
+}
+
+} // namespace
+
+extern "C" int kdt_moe_quant_fits(const kdt_dlin *gate_up, const kdt_dlin *down, int32_t hid, int32_t I) {
+    const int m = gate_up->fmt == KDT_WFMT_INT4 ? 32 : 16;
+    return gate_up->fmt == down->fmt && (gate_up->fmt == KDT_WFMT_INT4 || gate_up->fmt == KDT_WFMT_FP8) && hid > 0 && I > 0 &&
+           hid % m == 0 && I % m == 0;
+}
+
+extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                                    const kdt_dlin *gate_up, const kdt_dlin *down, int32_t hid, int32_t I, void *act, float *ye,
+                                    cudaStream_t s) {
+    if (!kdt_moe_quant_fits(gate_up, down, hid, I))
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: quantized experts need one format (FP8 or INT4) for gate/up and down and "
+                        "hidden, intermediate sizes that are multiples of 16 (FP8) or 32 (INT4): hidden %d, intermediate %d", hid, I);
+    if (R < 1 || K < 1) return KDT_OK;
+    if (gate_up->fmt == KDT_WFMT_INT4)
+        return launch_rows<true>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+    return launch_rows<false>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+}
