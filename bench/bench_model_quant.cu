@@ -60,29 +60,6 @@ uint32_t rnd() {
     return (uint32_t)(g_rng >> 33);
 }
 
-/* Device copy bandwidth: 1 GiB device to device, read + written bytes, the median of 5. */
-double copy_bw() {
-    const size_t n = 1ull << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float t[5];
-    CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    for (int i = 0; i < 5; i++) {
-        CK(cudaEventRecord(e0));
-        CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&t[i], e0, e1));
-    }
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 2.0 * n / (bench_median(t, 5) * 1e-3);
-}
-
 kdt_model *make(const char *fmt, int layers, kdt_wfmt experts, kdt_wfmt others) {
     char json[2048];
     snprintf(json, sizeof json, fmt, layers);
@@ -220,7 +197,7 @@ int main(int argc, char **argv) {
     if (bench_open("bench_model_quant", out_path, &g_out)) return 1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    g_copy_bw = copy_bw();
+    g_copy_bw = bench_copy_bw();
     bench_emit(g_out, "# Quantized decode on %s: device copy %.2f TB/s (read + written), decode steps after a %d-token prompt, median of %d\n",
                prop.name, g_copy_bw / 1e12, kPrompt, D);
     if (!only || !strcmp(only, "int4")) run("K2.6 layout, INT4 routed experts", kK26, KDT_WFMT_INT4, KDT_WFMT_DENSE, gb, 61, D);

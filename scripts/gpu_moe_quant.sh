@@ -3,11 +3,12 @@
 # under 2 minutes: builds (sm_90a) this tree and, beside it, the baseline (main from git where git has
 # it, else this tree without moe.cu's two dispatch lines to moe_quant; either way with this tree's
 # bench_model_quant.cu, so only the library differs); runs test_moe_quant (the kernels against the
-# CPU), test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward); bench_model_quant (K2.6
-# layout, INT4 experts) at batch 1, 8, 32 for both builds; ncu's per-kernel time and DRAM bytes of one
-# batch-1 decode step (graphs off) for both; then, if time is left, the DeepSeek-V3 FP8 layout for
-# both and test_quant_gemm (quant_mma.cuh, moved out of quant_gemm.cu). Logs in $OUT/logs, tables in
-# $OUT; one "## " line per step, the summary last. No network: see scripts/gpu_deps.sh.
+# CPU); dev/cuda/moe_quant_bench (one layer's routed experts at R = 1, 8, 32: main's kernel, the
+# library's and other splits / depths, against the copy ceiling); bench_model_quant (K2.6 layout,
+# INT4 experts) at batch 1, 8, 32 for both builds; ncu's per-kernel time and DRAM bytes of one batch-1
+# decode step (graphs off); test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward); then, if
+# time is left, ncu on the baseline and the DeepSeek-V3 FP8 layout for both. Logs in $OUT/logs,
+# tables in $OUT; one "## " line per step, the summary last. No network: see scripts/gpu_deps.sh.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kdt-moe-quant}
@@ -39,7 +40,7 @@ note "baseline: $base_from"
 T="$BUILD/tests" B="$BUILD/bench/bench_model_quant" BB="$BASE/$BUILD/bench/bench_model_quant"
 (cd "$BASE" && timeout 90 make -j16 "${MAKEVARS[@]}" "$BUILD/bench/bench_model_quant" >"$LOGS/build_base.log" 2>&1) &
 base_pid=$!
-step build 90 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$T/test_quant_gemm" "$B" ||
+step build 90 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$B" "$BUILD/dev/moe_quant_bench" ||
     grep -E 'error' "$LOGS/build.log" | head -20
 wait "$base_pid"
 note "build_base: exit $? ($LOGS/build_base.log)"
@@ -53,6 +54,14 @@ tests() { # tests NAME LIMIT: runs $T/NAME, notes its PASS / FAIL / SKIP counts
     note "$1: $([ "$rc" = 0 ] && [ "$f" = 0 ] && [ "$p" -gt 0 ] && echo PASS || echo FAIL) ($p passed, $f failed, $s skipped, exit $rc)"
 }
 tests test_moe_quant 30
+
+# One MoE layer's routed experts (dev/cuda/moe_quant_bench.cu): main's kernel, the library's, variants.
+if [ -x "$BUILD/dev/moe_quant_bench" ]; then
+    step moe_quant_bench 30 "$BUILD/dev/moe_quant_bench" --out "$OUT/moe_quant_bench.md" --reps 16
+    awk -F'|' '/^\| (int4|fp8) \|/ { gsub(/^ +| +$/, "", $4); printf "%s R=%s %s: %s us, %s of copy, ye vs main %s\n", $2, $3, $4, $7, $12, $13 }' \
+        "$OUT/moe_quant_bench.md" | tr -s ' ' >"$OUT/moe_quant_bench.txt"
+    while read -r l; do note "$l"; done <"$OUT/moe_quant_bench.txt"
+else note "moe_quant_bench: FAIL (not built)"; fi
 
 bench() { # bench NAME BIN ARGS...: bench_model_quant's rows "| B | ms | tok/s | floor GB | floor ms | x floor |..."
     local name=$1 bin=$2; shift 2
@@ -107,7 +116,6 @@ ncu_step ncu_base "$BB"
 
 bench bmq_fp8_new "$B" --only fp8 --gb "$GB" --decode 8
 bench bmq_fp8_base "$BB" --only fp8 --gb "$GB" --decode 8
-tests test_quant_gemm 30
 
 echo
 echo "== summary (logs in $LOGS, tables in $OUT)"

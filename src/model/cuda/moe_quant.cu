@@ -63,16 +63,20 @@ template <bool kInt4, int kA> struct QStage {
 };
 
 /* One warp: columns col0 .. col0 + 15 of expert e against its rows r_beg .. r_beg + 8 kMT - 1 (those
- * below cnt), at assignment places off + row. kGateUp: in = x [*, n_in] (row perm[place] / topk),
- * out = act [*, n_out] bf16; else in = act [*, n_in] (row = place), out = ye [*, n_out] f32. */
-template <bool kInt4, bool kGateUp, int kMT>
+ * below cnt), at assignment places off + row, over part ks of kSplit of the 128-k steps (the kSplit
+ * warps of a column group sum their partials through red in part order, and part 0 writes).
+ * kGateUp: in = x [*, n_in] (row perm[place] / topk), out = act [*, n_out] bf16; else in = act
+ * [*, n_in] (row = place), out = ye [*, n_out] f32. kLaneBytes: weight bytes a lane keeps in flight. */
+template <bool kInt4, bool kGateUp, int kMT, int kSplit, int kLaneBytes>
 __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, const WQuant<kInt4> &w,
-                                            int e, int off, int r_beg, int cnt, int n_in, int n_out, int col0, void *out) {
+                                            int e, int off, int r_beg, int cnt, int n_in, int n_out, int col0, int ks, float *red,
+                                            void *out) {
     constexpr int kA = kGateUp ? 2 : 1;
-    /* Steps in flight: 128 bytes a lane (a step is kA x 32 bytes in INT4, kA x 64 in FP8), 4 KB a warp. */
-    constexpr int kU = (kInt4 ? 4 : 2) / kA;
+    constexpr int kStepBytes = kA * 2 * (kInt4 ? 16 : 32); /* a lane's weight bytes of one step */
+    constexpr int kU = kLaneBytes / kStepBytes > 1 ? kLaneBytes / kStepBytes : 1; /* steps in flight */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int nsteps = (n_in + kQStep - 1) / kQStep, ng = n_in / 32;
+    const int s_beg = ks * nsteps / kSplit, s_end = (ks + 1) * nsteps / kSplit;
     const uint8_t *wr[kA][2], *sr[kA][2];
 #pragma unroll
     for (int a = 0; a < kA; a++)
@@ -89,8 +93,9 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         xr[i] = row < cnt ? in + (size_t)(kGateUp && perm ? perm[off + row] / topk : off + row) * n_in : nullptr;
     }
 
-    /* Past K the pieces are zero (x there too): K % 16 == 0, so a 16-byte piece is all in or all out. */
+    /* Past K or the part the pieces are zero (x there too): K % 16 == 0, so a 16-byte piece is all in or all out. */
     auto load = [&](QStage<kInt4, kA> &st, int s) {
+        const int lim = s < s_end ? n_in : 0;
 #pragma unroll
         for (int a = 0; a < kA; a++) {
             uint32_t sc = 0;
@@ -98,62 +103,74 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
             for (int h = 0; h < 2; h++) {
                 if constexpr (kInt4) {
                     const int o = s * (kQStep / 2) + 16 * t;
-                    st.w[a][h][0] = o < n_in / 2 ? __ldcs((const uint4 *)(wr[a][h] + o)) : make_uint4(0, 0, 0, 0);
+                    st.w[a][h][0] = o < lim / 2 ? __ldcs((const uint4 *)(wr[a][h] + o)) : make_uint4(0, 0, 0, 0);
                     const int gi = s * 4 + t;
-                    sc |= (gi < ng ? (uint32_t)__ldcs((const unsigned short *)sr[a][h] + gi) : 0u) << (16 * h);
+                    sc |= (gi < lim / 32 ? (uint32_t)__ldcs((const unsigned short *)sr[a][h] + gi) : 0u) << (16 * h);
                 } else {
 #pragma unroll
                     for (int l = 0; l < 2; l++) {
                         const int o = s * kQStep + 64 * l + 16 * t;
-                        st.w[a][h][l] = o < n_in ? __ldcs((const uint4 *)(wr[a][h] + o)) : make_uint4(0, 0, 0, 0);
+                        st.w[a][h][l] = o < lim ? __ldcs((const uint4 *)(wr[a][h] + o)) : make_uint4(0, 0, 0, 0);
                     }
                 }
             }
-            if constexpr (!kInt4) sc = s < nsteps ? __float_as_uint(__ldcs((const float *)sr[a][0] + s)) : 0u;
+            if constexpr (!kInt4) sc = lim ? __float_as_uint(__ldcs((const float *)sr[a][0] + s)) : 0u;
             st.s[a] = sc;
         }
     };
     float acc[kA][kMT][4] = {};
     auto compute = [&](const QStage<kInt4, kA> &st, int s) {
         const int kb = s * kQStep;
-        uint4 xv[kMT][4]; /* chunk u: INT4 k kb + 32u + 8t .. + 7; FP8 kb + 64 (u / 2) + 16t + 8 (u % 2) .. */
-#pragma unroll
-        for (int i = 0; i < kMT; i++)
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int k = kInt4 ? kb + 32 * u + 8 * t : kb + 64 * (u / 2) + 16 * t + 8 * (u % 2);
-                xv[i][u] = xr[i] && k < n_in ? __ldg((const uint4 *)(xr[i] + k)) : make_uint4(0, 0, 0, 0);
-            }
+        /* x chunk u of tile i: INT4 k kb + 32u + 8t .. + 7; FP8 kb + 64 (u / 2) + 16t + 8 (u % 2) .. (L1 hits mostly) */
+        auto xat = [&](int i, int u) {
+            const int k = kInt4 ? kb + 32 * u + 8 * t : kb + 64 * (u / 2) + 16 * t + 8 * (u % 2);
+            return xr[i] && k < n_in ? __ldg((const uint4 *)(xr[i] + k)) : make_uint4(0, 0, 0, 0);
+        };
 #pragma unroll
         for (int a = 0; a < kA; a++) {
             if constexpr (kInt4) {
                 uint32_t sw[4]; /* group G's scales, from lane G of the quad */
 #pragma unroll
                 for (int G = 0; G < 4; G++) sw[G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
-                int4_step<kMT>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, [&](int i, int G) { return xv[i][G]; },
+                int4_step<kMT>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, xat,
                                [&](int G, int h) { return bf16_bits((uint16_t)(h ? sw[G] >> 16 : sw[G])); });
             } else {
                 const uint4(&p)[2] = st.w[a][0], (&q)[2] = st.w[a][1];
                 const uint32_t q0[8] = {p[0].x, p[0].y, p[0].z, p[0].w, p[1].x, p[1].y, p[1].z, p[1].w};
                 const uint32_t q1[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
-                fp8_step<kMT>(acc[a], q0, q1, __uint_as_float(st.s[a]), [&](int i, int u) { return xv[i][u]; });
+                fp8_step<kMT>(acc[a], q0, q1, __uint_as_float(st.s[a]), xat);
             }
         }
     };
 
     QStage<kInt4, kA> ring[kU];
 #pragma unroll
-    for (int u = 0; u < kU; u++) load(ring[u], u);
-    for (int s0 = 0; s0 < nsteps; s0 += kU) {
+    for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
+    for (int s0 = s_beg; s0 < s_end; s0 += kU) {
 #pragma unroll
         for (int u = 0; u < kU; u++) {
-            if (s0 + u >= nsteps) break;
+            if (s0 + u >= s_end) break;
             const QStage<kInt4, kA> cur = ring[u];
             load(ring[u], s0 + u + kU);
             compute(cur, s0 + u);
         }
     }
 
+    if constexpr (kSplit > 1) { /* red [warp][kA kMT 4][lane]: parts 1 .. kSplit - 1 to part 0, added in part order */
+        constexpr int kAcc = kA * kMT * 4;
+        float *flat = &acc[0][0][0];
+        const int warp = threadIdx.x / 32;
+        if (ks)
+#pragma unroll
+            for (int v = 0; v < kAcc; v++) red[(warp * kAcc + v) * 32 + lane] = flat[v];
+        __syncthreads();
+        if (!ks)
+            for (int q = 1; q < kSplit; q++)
+#pragma unroll
+                for (int v = 0; v < kAcc; v++) flat[v] += red[((warp + q) * kAcc + v) * 32 + lane];
+        __syncthreads(); /* red is free for the block's next pass */
+        if (ks) return;
+    }
     /* c0, c1: row g, x rows 2t, 2t + 1 of the tile; c2, c3: row g + 8. */
 #pragma unroll
     for (int i = 0; i < kMT; i++)
@@ -167,22 +184,27 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         }
 }
 
-/* Grid (ceil(n_out / 64), slots): block (x, j) runs the j-th expert with rows (see expert_cols): at
- * most 8 rows (kMaxRows 8: batches of up to 8 rows), else 16 at a time, the weights read again for
- * each 16 past the first (rare at decode sizes). kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in].
- * 4 blocks an SM (at most 128 registers): 16 warps, 64 KB in flight. */
-template <bool kInt4, bool kGateUp, int kMaxRows>
+/* Grid (ceil(n_out / (16 kQWarps / kSplit)), slots): block (x, j) runs the j-th expert with rows (see
+ * expert_cols; warp w: column group w / kSplit, part w % kSplit): at most 8 rows (kRowCap 8: batches
+ * of up to 8 rows), else 16 at a time, the weights read again for each 16 past the first (rare at
+ * decode sizes). kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in]. 4 blocks an SM (at most 128
+ * registers a thread): 16 warps. */
+template <bool kInt4, bool kGateUp, int kRowCap, int kSplit, int kLaneBytes>
 __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
                                                                 const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
                                                                 int E, const WQuant<kInt4> w, int n_in, int n_out, void *out) {
-    const int col0 = (blockIdx.x * kQWarps + threadIdx.x / 32) * kQCols;
-    if (col0 >= n_out) return;
+    __shared__ float red[kSplit > 1 ? kQWarps * (kGateUp ? 2 : 1) * (kRowCap > 8 ? 2 : 1) * 4 * 32 : 1];
+    const int warp = threadIdx.x / 32, ks = warp % kSplit;
+    const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * kQCols; /* past n_out: read clamped, not written */
+    if (kSplit == 1 && col0 >= n_out) return;
     const int e = nth_active(counts, E, blockIdx.y);
     if (e < 0) return;
     const int cnt = counts[e], off = offs[e];
-    if (kMaxRows <= 8 || cnt <= 8) expert_cols<kInt4, kGateUp, 1>(in, perm, topk, w, e, off, 0, cnt, n_in, n_out, col0, out);
+    if (kRowCap <= 8 || cnt <= 8)
+        expert_cols<kInt4, kGateUp, 1, kSplit, kLaneBytes>(in, perm, topk, w, e, off, 0, cnt, n_in, n_out, col0, ks, red, out);
     else
-        for (int r = 0; r < cnt; r += 16) expert_cols<kInt4, kGateUp, 2>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, out);
+        for (int r = 0; r < cnt; r += 16)
+            expert_cols<kInt4, kGateUp, 2, kSplit, kLaneBytes>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
 }
 
 template <bool kInt4> WQuant<kInt4> wq(const kdt_dlin *d) {
@@ -190,27 +212,28 @@ template <bool kInt4> WQuant<kInt4> wq(const kdt_dlin *d) {
             d->N, d->N0, d->K};
 }
 
-template <bool kInt4, int kMaxRows>
+/* Both launches; kSplitGU / kSplitDown: warps that split the K of gate/up (K = hidden) and down (K = I). */
+template <bool kInt4, int kRowCap, int kSplitGU, int kSplitDown, int kLaneBytes>
 kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
                   const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int32_t E = gu->n;
-    const int cols = kQWarps * kQCols;
+    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
     const unsigned slots = (unsigned)(R * K < E ? R * K : E);
-    moe_quant_kernel<kInt4, true, kMaxRows><<<dim3((unsigned)((I + cols - 1) / cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, true, kRowCap, kSplitGU, kLaneBytes><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
         x, perm, K, counts, offs, E, wq<kInt4>(gu), hid, I, act);
     KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
-    moe_quant_kernel<kInt4, false, kMaxRows><<<dim3((unsigned)((hid + cols - 1) / cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, false, kRowCap, kSplitDown, kLaneBytes><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
         (const bf16 *)act, nullptr, K, counts, offs, E, wq<kInt4>(dn), I, hid, ye);
     KDT_CUDA_CHECK_LAUNCH("moe_quant down");
     return KDT_OK;
 }
 
 /* An expert has at most one assignment per row: R <= 8 needs no second tile. */
-template <bool kInt4>
+template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128>
 kdt_status launch_rows(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
                        const kdt_dlin *gu, const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
-    if (R <= 8) return launch<kInt4, 8>(R, x, perm, K, counts, offs, gu, dn, hid, I, act, ye, s);
-    return launch<kInt4, 16>(R, x, perm, K, counts, offs, gu, dn, hid, I, act, ye, s);
+    if (R <= 8) return launch<kInt4, 8, kSplitGU, kSplitDown, kLaneBytes>(R, x, perm, K, counts, offs, gu, dn, hid, I, act, ye, s);
+    return launch<kInt4, 16, kSplitGU, kSplitDown, kLaneBytes>(R, x, perm, K, counts, offs, gu, dn, hid, I, act, ye, s);
 }
 
 } // namespace
