@@ -32,8 +32,9 @@ constexpr int kQCols = 16;   /* output columns a warp */
 constexpr int kQStep = 128;  /* k per step: one FP8 block column, four INT4 groups */
 constexpr int kScan = 12;    /* expert counts a lane reads per round: 384 experts in one round trip */
 
-/* The j-th expert with rows (counts [E] > 0) in expert order, or -1; every lane of the warp gets it. */
-__device__ int nth_active(const int32_t *__restrict__ counts, int E, int j) {
+/* The j-th expert with rows (counts [E] > 0) in expert order, or -1, and its count in *cnt (so the
+ * block's branch on it waits for no second load); every lane of the warp gets both. */
+__device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int *cnt) {
     const int lane = threadIdx.x & 31;
     int seen = 0, found = -1;
     for (int base = 0; base < E; base += 32 * kScan) {
@@ -47,6 +48,7 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j) {
             if (found < 0 && j < seen + n) {
                 for (int r = j - seen; r > 0; r--) m &= m - 1;
                 found = base + 32 * q + __ffs((int)m) - 1;
+                *cnt = __shfl_sync(0xffffffffu, c[q], found - base - 32 * q);
             }
             seen += n;
         }
@@ -197,9 +199,10 @@ __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *
     const int warp = threadIdx.x / 32, ks = warp % kSplit;
     const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * kQCols; /* past n_out: read clamped, not written */
     if (kSplit == 1 && col0 >= n_out) return;
-    const int e = nth_active(counts, E, blockIdx.y);
+    int cnt = 0;
+    const int e = nth_active(counts, E, blockIdx.y, &cnt);
     if (e < 0) return;
-    const int cnt = counts[e], off = offs[e];
+    const int off = offs[e];
     if (kRowCap <= 8 || cnt <= 8)
         expert_cols<kInt4, kGateUp, 1, kSplit, kLaneBytes>(in, perm, topk, w, e, off, 0, cnt, n_in, n_out, col0, ks, red, out);
     else
