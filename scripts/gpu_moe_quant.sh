@@ -34,7 +34,7 @@ else
     sed -i '/kdt_moe_quant/d' "$BASE/src/model/cuda/moe.cu"
     base_from="this tree without moe_quant"
 fi
-cp bench/bench_model_quant.cu "$BASE/bench/"
+cp bench/bench_model_quant.cu bench/bench_common.h "$BASE/bench/"
 note "baseline: $base_from"
 
 T="$BUILD/tests" B="$BUILD/bench/bench_model_quant" BB="$BASE/$BUILD/bench/bench_model_quant"
@@ -76,14 +76,14 @@ bench bmq_int4_base "$BB" --only int4 --gb "$GB" --decode 16
 ncu_step() { # ncu_step NAME BIN
     command -v ncu >/dev/null || { note "$1: skipped, no ncu"; return; }
     [ -x "$2" ] || { note "$1: FAIL (not built)"; return; }
-    KDT_MODEL_FLAGS=9 step "$1" 40 ncu --profile-from-start off --clock-control none --csv \
+    KDT_MODEL_FLAGS=9 step "$1" 40 ncu --profile-from-start off --clock-control none --cache-control none --csv \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum "$2" --only int4 --gb 12 --decode 1 --batch 1
     python3 - "$LOGS/$1.log" "$OUT/$1.csv" "$1" >"$OUT/$1.txt" 2>&1 <<'EOF'
 import csv, re, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')) if len(r) > 10]
 if len(rows) < 2: print(f"{sys.argv[3]}: no ncu rows"); sys.exit(0)
 h = rows[0]; iid, kn, mn, mu, mv = (h.index(c) for c in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value"))
-scale = {"nsecond": 1e-3, "usecond": 1, "msecond": 1e3, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+scale = {"ns": 1e-3, "us": 1, "ms": 1e3, "nsecond": 1e-3, "usecond": 1, "msecond": 1e3, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 ks = {}
 for r in rows[1:]:
     k = ks.setdefault(r[iid], {"name": r[kn], "us": 0.0, "bytes": 0.0})
@@ -111,6 +111,16 @@ EOF
     while read -r l; do note "$l"; done <"$OUT/$1.txt"
 }
 ncu_step ncu_new "$B"
+
+# ncu on the grouped kernels alone (the dev bench's first K2.6 INT4 call at R = 1: gate/up, down):
+# occupancy, issue and warp-state statistics.
+if command -v ncu >/dev/null && [ -x "$BUILD/dev/moe_quant_bench" ]; then
+    step ncu_moe 30 ncu --clock-control none --cache-control none -k regex:moe_quant_kernel -c 2 --section Occupancy \
+        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis "$BUILD/dev/moe_quant_bench" --only int4 --reps 1
+    grep -E 'moe_quant_kernel|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Memory Throughput|Registers Per' \
+        "$LOGS/ncu_moe.log" | sed -E 's/ +/ /g' | cut -c1-150 >"$OUT/ncu_moe.txt"
+    while read -r l; do note "ncu_moe: $l"; done <"$OUT/ncu_moe.txt"
+fi
 tests test_quant_cuda 40
 ncu_step ncu_base "$BB"
 

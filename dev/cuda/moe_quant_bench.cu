@@ -11,7 +11,7 @@
  *   make BUILD=build build/dev/moe_quant_bench   (sm_90a; links build/libkdt.a)
  *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]
  *
- * Variants (at up to 8 rows): "split S/D, B bytes": S (D) warps of a block split gate/up's (down's)
+ * Variants: "split S/D, B bytes": S (D) warps of a block split gate/up's (down's)
  * K, each lane keeps B bytes of weights in flight; "lib" is what kdt_moe_quant launches (one event
  * around both launches: its gate/up column is 0). */
 #include <math.h>
@@ -127,16 +127,16 @@ void run_base_rows(const Layer &L, const Plans &P, int plan, int R, const Bufs &
     else run_base<kInt4, kMaxRows>(L, P, plan, R, b, s, mid);
 }
 
-/* A grouped variant at up to 8 rows: launch()'s two kernels with the event between them. */
+/* A grouped variant: launch()'s two kernels with the event between them. */
 template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes>
 void run_grouped(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
     const int32_t *c = P.counts(plan), *o = c + L.E, *pm = o + L.E;
     const unsigned slots = (unsigned)std::min(R * kTopk, L.E);
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
-    moe_quant_kernel<kInt4, true, 8, kSplitGU, kLaneBytes><<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes><<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(
         b.x, pm, kTopk, c, o, L.E, wq<kInt4>(&L.gu), kHid, kInter, b.act);
     CK(cudaEventRecord(mid, s));
-    moe_quant_kernel<kInt4, false, 8, kSplitDown, kLaneBytes><<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes><<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, 0, s>>>(
         b.act, nullptr, kTopk, c, o, L.E, wq<kInt4>(&L.dn), kInter, kHid, b.ye);
 }
 void run_lib(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
@@ -204,13 +204,12 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib, L, P, R, b, ye_base, copy_bw, s);
-        if (kInt4 && R <= 8) {
-            time_variant("split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128>, L, P, R, b, ye_base, copy_bw, s);
+        time_variant("split 2/1, 128 B (lib)", run_grouped<kInt4, 2, 1, 128>, L, P, R, b, ye_base, copy_bw, s);
+        time_variant("split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128>, L, P, R, b, ye_base, copy_bw, s);
+        time_variant("split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128>, L, P, R, b, ye_base, copy_bw, s);
+        if (kInt4) {
             time_variant("split 4/2, 128 B", run_grouped<kInt4, 4, 2, 128>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64>, L, P, R, b, ye_base, copy_bw, s);
-        } else if (R <= 8) {
-            time_variant("split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128>, L, P, R, b, ye_base, copy_bw, s);
         }
         free(ye_base);
         CK(cudaFree(P.d));

@@ -64,36 +64,33 @@ template <bool kInt4, int kA> struct QStage {
     uint32_t s[kA];
 };
 
-/* One warp: columns col0 .. col0 + 15 of expert e against its rows r_beg .. r_beg + 8 kMT - 1 (those
- * below cnt), at assignment places off + row, over part ks of kSplit of the 128-k steps (the kSplit
- * warps of a column group sum their partials through red in part order, and part 0 writes).
+/* One warp: columns col0 .. col0 + 15 of expert e against its rows r_beg .. r_beg + 7 (those below cnt;
+ * the mma's 8 columns), at assignment places off + row, over part ks of kSplit of the 128-k steps (the
+ * kSplit warps of a column group sum their partials through red in part order, and part 0 writes).
  * kGateUp: in = x [*, n_in] (row perm[place] / topk), out = act [*, n_out] bf16; else in = act
- * [*, n_in] (row = place), out = ye [*, n_out] f32. kLaneBytes: weight bytes a lane keeps in flight. */
-template <bool kInt4, bool kGateUp, int kMT, int kSplit, int kLaneBytes>
+ * [*, n_in] (row = place), out = ye [*, n_out] f32. kLaneBytes: weight bytes a lane keeps in flight.
+ * n_out % 16 == 0: a live warp's 16 columns are all in range (a dead one, col0 >= n_out, reads the
+ * last 16 and writes nothing), so rows g + 8 are rows g's plus 8 rows. */
+template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes>
 __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, const WQuant<kInt4> &w,
                                             int e, int off, int r_beg, int cnt, int n_in, int n_out, int col0, int ks, float *red,
                                             void *out) {
-    constexpr int kA = kGateUp ? 2 : 1;
+    constexpr int kA = kGateUp ? 2 : 1, kMT = 1;
     constexpr int kStepBytes = kA * 2 * (kInt4 ? 16 : 32); /* a lane's weight bytes of one step */
     constexpr int kU = kLaneBytes / kStepBytes > 1 ? kLaneBytes / kStepBytes : 1; /* steps in flight */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int nsteps = (n_in + kQStep - 1) / kQStep, ng = n_in / 32;
     const int s_beg = ks * nsteps / kSplit, s_end = (ks + 1) * nsteps / kSplit;
-    const uint8_t *wr[kA][2], *sr[kA][2];
+    const size_t w8 = (size_t)8 * (kInt4 ? n_in / 2 : n_in), s8 = (size_t)8 * (n_in / 32) * 2; /* 8 rows of codes, INT4 scales */
+    const uint8_t *wr[kA], *sr[kA]; /* row g's codes and scales (FP8: its block row's) */
 #pragma unroll
-    for (int a = 0; a < kA; a++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int col = min(col0 + g + 8 * h, n_out - 1); /* columns past n_out: read, never written */
-            const typename WQuant<kInt4>::Row r = w.row(e, 0, (size_t)(a ? n_out + col : col), 0);
-            wr[a][h] = r.w, sr[a][h] = r.s;
-        }
-    const bf16 *xr[kMT];
-#pragma unroll
-    for (int i = 0; i < kMT; i++) {
-        const int row = r_beg + 8 * i + g;
-        xr[i] = row < cnt ? in + (size_t)(kGateUp && perm ? perm[off + row] / topk : off + row) * n_in : nullptr;
+    for (int a = 0; a < kA; a++) {
+        const int col = min(col0, n_out - kQCols) + g;
+        const typename WQuant<kInt4>::Row r = w.row(e, 0, (size_t)(a ? n_out + col : col), 0);
+        wr[a] = r.w, sr[a] = r.s;
     }
+    const int xrow = r_beg + g;
+    const bf16 *xr = xrow < cnt ? in + (size_t)(kGateUp && perm ? perm[off + xrow] / topk : off + xrow) * n_in : nullptr;
 
     /* Past K or the part the pieces are zero (x there too): K % 16 == 0, so a 16-byte piece is all in or all out. */
     auto load = [&](QStage<kInt4, kA> &st, int s) {
@@ -105,29 +102,34 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
             for (int h = 0; h < 2; h++) {
                 if constexpr (kInt4) {
                     const int o = s * (kQStep / 2) + 16 * t;
-                    st.w[a][h][0] = o < lim / 2 ? __ldcs((const uint4 *)(wr[a][h] + o)) : make_uint4(0, 0, 0, 0);
+                    st.w[a][h][0] = o < lim / 2 ? __ldcs((const uint4 *)(wr[a] + h * w8 + o)) : make_uint4(0, 0, 0, 0);
                     const int gi = s * 4 + t;
-                    sc |= (gi < lim / 32 ? (uint32_t)__ldcs((const unsigned short *)sr[a][h] + gi) : 0u) << (16 * h);
+                    sc |= (gi < lim / 32 ? (uint32_t)__ldcs((const unsigned short *)(sr[a] + h * s8) + gi) : 0u) << (16 * h);
                 } else {
 #pragma unroll
                     for (int l = 0; l < 2; l++) {
                         const int o = s * kQStep + 64 * l + 16 * t;
-                        st.w[a][h][l] = o < lim ? __ldcs((const uint4 *)(wr[a][h] + o)) : make_uint4(0, 0, 0, 0);
+                        st.w[a][h][l] = o < lim ? __ldcs((const uint4 *)(wr[a] + h * w8 + o)) : make_uint4(0, 0, 0, 0);
                     }
                 }
             }
-            if constexpr (!kInt4) sc = lim ? __float_as_uint(__ldcs((const float *)sr[a][0] + s)) : 0u;
+            if constexpr (!kInt4) sc = lim ? __float_as_uint(__ldcs((const float *)sr[a] + s)) : 0u;
             st.s[a] = sc;
         }
     };
     float acc[kA][kMT][4] = {};
     auto compute = [&](const QStage<kInt4, kA> &st, int s) {
         const int kb = s * kQStep;
-        /* x chunk u of tile i: INT4 k kb + 32u + 8t .. + 7; FP8 kb + 64 (u / 2) + 16t + 8 (u % 2) .. (L1 hits mostly) */
-        auto xat = [&](int i, int u) {
-            const int k = kInt4 ? kb + 32 * u + 8 * t : kb + 64 * (u / 2) + 16 * t + 8 * (u % 2);
-            return xr[i] && k < n_in ? __ldg((const uint4 *)(xr[i] + k)) : make_uint4(0, 0, 0, 0);
-        };
+        /* x chunk u: INT4 k kb + 32u + 8t .. + 7; FP8 kb + 64 (u / 2) + 16t + 8 (u % 2) ... All four read at
+         * once, for both tiles: x mostly comes from L2 (written by the kernel before), and a round trip
+         * per group (H200, 12:20 run: loads inside int4_step) made a step last ~8 L2 latencies. */
+        uint4 xv[kMT][4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int k = kb + (kInt4 ? 32 * u + 8 * t : 64 * (u / 2) + 16 * t + 8 * (u % 2));
+            xv[0][u] = xr && k < n_in ? __ldg((const uint4 *)(xr + k)) : make_uint4(0, 0, 0, 0);
+        }
+        auto xat = [&](int i, int u) { return xv[i][u]; };
 #pragma unroll
         for (int a = 0; a < kA; a++) {
             if constexpr (kInt4) {
@@ -158,8 +160,8 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         }
     }
 
-    if constexpr (kSplit > 1) { /* red [warp][kA kMT 4][lane]: parts 1 .. kSplit - 1 to part 0, added in part order */
-        constexpr int kAcc = kA * kMT * 4;
+    if constexpr (kSplit > 1) { /* red [warp][kA 4][lane]: parts 1 .. kSplit - 1 to part 0, added in part order */
+        constexpr int kAcc = kA * 4;
         float *flat = &acc[0][0][0];
         const int warp = threadIdx.x / 32;
         if (ks)
@@ -175,39 +177,33 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     }
     /* c0, c1: row g, x rows 2t, 2t + 1 of the tile; c2, c3: row g + 8. */
 #pragma unroll
-    for (int i = 0; i < kMT; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int col = col0 + g + (c >= 2 ? 8 : 0), row = r_beg + 8 * i + 2 * t + (c & 1);
-            if (col >= n_out || row >= cnt) continue;
-            const size_t p = (size_t)off + row;
-            if constexpr (kGateUp) ((bf16 *)out)[p * n_out + col] = __float2bfloat16_rn(silu(acc[0][i][c]) * acc[1][i][c]);
-            else ((float *)out)[p * n_out + col] = acc[0][i][c];
-        }
+    for (int c = 0; c < 4; c++) {
+        const int col = col0 + g + (c >= 2 ? 8 : 0), row = r_beg + 2 * t + (c & 1);
+        if (col >= n_out || row >= cnt) continue;
+        const size_t p = (size_t)off + row;
+        if constexpr (kGateUp) ((bf16 *)out)[p * n_out + col] = __float2bfloat16_rn(silu(acc[0][0][c]) * acc[1][0][c]);
+        else ((float *)out)[p * n_out + col] = acc[0][0][c];
+    }
 }
 
 /* Grid (ceil(n_out / (16 kQWarps / kSplit)), slots): block (x, j) runs the j-th expert with rows (see
- * expert_cols; warp w: column group w / kSplit, part w % kSplit): at most 8 rows (kRowCap 8: batches
- * of up to 8 rows), else 16 at a time, the weights read again for each 16 past the first (rare at
- * decode sizes). kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in]. 4 blocks an SM (at most 128
- * registers a thread): 16 warps. */
-template <bool kInt4, bool kGateUp, int kRowCap, int kSplit, int kLaneBytes>
+ * expert_cols; warp w: column group w / kSplit, part w % kSplit), its rows 8 at a time (the weights read
+ * again for each 8 past the first: rare at decode sizes, where an expert mostly has 1 or 2).
+ * kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in]. 4 blocks an SM (at most 128 registers a
+ * thread): 16 warps. */
+template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes>
 __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
                                                                 const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
                                                                 int E, const WQuant<kInt4> w, int n_in, int n_out, void *out) {
-    __shared__ float red[kSplit > 1 ? kQWarps * (kGateUp ? 2 : 1) * (kRowCap > 8 ? 2 : 1) * 4 * 32 : 1];
+    __shared__ float red[kSplit > 1 ? kQWarps * (kGateUp ? 2 : 1) * 4 * 32 : 1];
     const int warp = threadIdx.x / 32, ks = warp % kSplit;
-    const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * kQCols; /* past n_out: read clamped, not written */
+    const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * kQCols;
     if (kSplit == 1 && col0 >= n_out) return;
     int cnt = 0;
     const int e = nth_active(counts, E, blockIdx.y, &cnt);
     if (e < 0) return;
     const int off = offs[e];
-    if (kRowCap <= 8 || cnt <= 8)
-        expert_cols<kInt4, kGateUp, 1, kSplit, kLaneBytes>(in, perm, topk, w, e, off, 0, cnt, n_in, n_out, col0, ks, red, out);
-    else
-        for (int r = 0; r < cnt; r += 16)
-            expert_cols<kInt4, kGateUp, 2, kSplit, kLaneBytes>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
+    for (int r = 0; r < cnt; r += 8) expert_cols<kInt4, kGateUp, kSplit, kLaneBytes>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
 }
 
 template <bool kInt4> WQuant<kInt4> wq(const kdt_dlin *d) {
@@ -216,27 +212,19 @@ template <bool kInt4> WQuant<kInt4> wq(const kdt_dlin *d) {
 }
 
 /* Both launches; kSplitGU / kSplitDown: warps that split the K of gate/up (K = hidden) and down (K = I). */
-template <bool kInt4, int kRowCap, int kSplitGU, int kSplitDown, int kLaneBytes>
+template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128>
 kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
                   const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int32_t E = gu->n;
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
     const unsigned slots = (unsigned)(R * K < E ? R * K : E);
-    moe_quant_kernel<kInt4, true, kRowCap, kSplitGU, kLaneBytes><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
         x, perm, K, counts, offs, E, wq<kInt4>(gu), hid, I, act);
     KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
-    moe_quant_kernel<kInt4, false, kRowCap, kSplitDown, kLaneBytes><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
         (const bf16 *)act, nullptr, K, counts, offs, E, wq<kInt4>(dn), I, hid, ye);
     KDT_CUDA_CHECK_LAUNCH("moe_quant down");
     return KDT_OK;
-}
-
-/* An expert has at most one assignment per row: R <= 8 needs no second tile. */
-template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128>
-kdt_status launch_rows(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
-                       const kdt_dlin *gu, const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
-    if (R <= 8) return launch<kInt4, 8, kSplitGU, kSplitDown, kLaneBytes>(R, x, perm, K, counts, offs, gu, dn, hid, I, act, ye, s);
-    return launch<kInt4, 16, kSplitGU, kSplitDown, kLaneBytes>(R, x, perm, K, counts, offs, gu, dn, hid, I, act, ye, s);
 }
 
 } // namespace
@@ -255,6 +243,6 @@ extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *per
                         "hidden, intermediate sizes that are multiples of 16 (FP8) or 32 (INT4): hidden %d, intermediate %d", hid, I);
     if (R < 1 || K < 1) return KDT_OK;
     if (gate_up->fmt == KDT_WFMT_INT4)
-        return launch_rows<true>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
-    return launch_rows<false>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+        return launch<true>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+    return launch<false>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
 }
