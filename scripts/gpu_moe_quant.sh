@@ -16,7 +16,8 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
 DEADLINE=${DEADLINE:-115}
-GB=${GB:-24}            # bench_model_quant --gb: 3 layers (dense + 2 MoE) of K2.6
+GB=${GB:-110}           # bench_model_quant --gb, K2.6 INT4: 12 layers (dense + 11 MoE), as docs/perf/quant.md's 8.0 ms run
+GB_FP8=${GB_FP8:-24}    # DeepSeek-V3 FP8: 2 layers
 source scripts/gpu_notes.sh  # note, step
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
@@ -124,8 +125,8 @@ fi
 tests test_quant_cuda 40
 ncu_step ncu_base "$BB"
 
-bench bmq_fp8_new "$B" --only fp8 --gb "$GB" --decode 8
-bench bmq_fp8_base "$BB" --only fp8 --gb "$GB" --decode 8
+bench bmq_fp8_new "$B" --only fp8 --gb "$GB_FP8" --decode 8
+bench bmq_fp8_base "$BB" --only fp8 --gb "$GB_FP8" --decode 8
 
 echo
 echo "== summary (logs in $LOGS, tables in $OUT)"
