@@ -3,20 +3,17 @@
  * with SiLU . mul, then down, each over every expert with rows, weights streamed once from DRAM
  * and dequantized in registers onto the tensor cores.
  *
- * Grid (output tiles of 64 columns, expert slots, row slices). The experts with rows are not known
- * on the host (the routing stays on the device, so the launch can be captured in a graph): slot j
- * takes the j-th expert with rows in expert order, found by each warp from counts [E] (all E read
- * at once, one round trip); there are min(E, R K) slots, and slots past the active experts exit.
- * A warp owns 16 output columns of its expert (gate/up: the 16 gate rows and the matching 16 up
- * rows, two mma A tiles, so SiLU . mul pairs registers of the same lane) and up to 32 of its rows
- * (kMT mma column tiles of 8; the tile count is picked per block from the expert's rows), over the
- * whole K in 128-k steps: quant_mma.cuh's fp8_step / int4_step, the weights as the mma's A operand
- * (16 rows x 16 k), the token rows as B. Each lane loads its own 16-byte pieces of rows g and g + 8
- * (whole 32-byte sectors per instruction) and the step's scales, kU steps ahead into registers, so
- * about 4 KB a warp are in flight whatever the wait on the step being computed; the token rows
- * (x: a few KB per expert, shared by the SM's warps) are read from L1 / L2 in the step. No shared
- * memory and no barrier: warps run independently. Each output is one warp's sum in a fixed order:
- * deterministic. */
+ * Grid (output tiles, expert slots). The experts with rows are not known on the host (the routing
+ * stays on the device, so the launch can be captured in a graph): slot j takes the j-th expert with
+ * rows in expert order, found by each warp from counts [E] (all E read at once, one round trip);
+ * there are min(E, R K) slots, and slots past the active experts exit. A warp owns 16 output
+ * columns of its expert (gate/up: the 16 gate rows and the matching 16 up rows, two mma A tiles, so
+ * SiLU . mul pairs registers of the same lane) against 8 of its rows at a time (the mma's B), over
+ * its part of K (kSplit warps of a block split it; their partials are summed in part order) in
+ * 128-k steps: quant_mma.cuh's fp8_step / int4_step. Each lane loads its own 16-byte pieces of rows
+ * g and g + 8 (whole 32-byte sectors per instruction) and the step's scales kU steps ahead into
+ * registers, about 4 KB a warp in flight; a step's token rows (x, from L2 mostly) are read at once
+ * at its start. Each output is one warp's sum (or its parts' in order): deterministic. */
 #include "common/cuda/cuda_common.cuh"
 #include "cuda/quant_mma.cuh"
 #include "model/cuda/moe_quant.h"
