@@ -128,6 +128,29 @@ static inline void bench_command(char *buf, size_t n, int argc, char **argv) {
         }                                                                                              \
     } while (0)
 
+/* Device copy bandwidth: 1 GiB device to device, read + written bytes, the median of 5. */
+static inline double bench_copy_bw(void) {
+    const size_t n = 1ull << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float t[5];
+    CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+    for (int i = 0; i < 5; i++) {
+        CK(cudaEventRecord(e0));
+        CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * n / (bench_median(t, 5) * 1e-3);
+}
+
 /* A report's first lines: "# title", then the GPU, the date and the command line. */
 static inline void bench_report_header(FILE *out, const char *title, const cudaDeviceProp *prop, int argc, char **argv) {
     char date[64], cmd[1024];

@@ -1,6 +1,6 @@
 /* Decoding with weights kept quantized on the device: Kimi K2.6's layout and DeepSeek-V3's.
  *
- *   build/bench/bench_model_quant [--out FILE] [--gb 120] [--decode 16] [--only int4|fp8|bf16]
+ *   build/bench/bench_model_quant [--out FILE] [--gb 120] [--decode 16] [--only int4|fp8|bf16] [--batch B]
  *
  * Models (random weights made on the device, no files; real per-layer dims, vocabulary 32000):
  *   K2.6 INT4: hidden 7168, 64 heads, q_lora 1536, kv_lora 512, a dense first layer of 18432, then
@@ -13,15 +13,18 @@
  * Each model: the device bytes per layer by part against bf16, then decode steps of one token per
  * request at batch 1, 8, 32 after a 16-token prompt, the median of --decode steps timed with CUDA
  * events around kdt_model_forward (logits of the last rows to the host) after a warm-up, against
- * the floor: the bytes a step reads at least over the device-copy bandwidth measured in this run
+ * the floor (--batch: that batch size alone): the bytes a step reads at least over the device-copy bandwidth measured in this run
  * (and over 4.8 TB/s, the H200's HBM3e): every weight once, except routed experts, of which a
  * batch of B rows reads the expected number of distinct ones under uniform routing,
- * E (1 - (1 - k/E)^B) (the random routers spread the rows about uniformly); the cache is left out. */
+ * E (1 - (1 - k/E)^B) (the random routers spread the rows about uniformly); the cache is left out.
+ * The timed decode steps run between cudaProfilerStart and Stop: `ncu --profile-from-start off`
+ * (graphs off: KDT_MODEL_FLAGS) lists their kernels alone, without the weight fills and prompts. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include "bench_common.h"
@@ -48,35 +51,13 @@ constexpr int kBatches[] = {1, 8, 32};
 constexpr int kMaxB = 32, kPrompt = 16;
 constexpr double kSpecBw = 4.8e12;
 FILE *g_out;
+int g_batch;                    /* --batch: the only batch size; 0: all of kBatches */
 double g_copy_bw;               /* bytes/s, measured */
 
 uint64_t g_rng = 99;
 uint32_t rnd() {
     g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
     return (uint32_t)(g_rng >> 33);
-}
-
-/* Device copy bandwidth: 1 GiB device to device, read + written bytes, the median of 5. */
-double copy_bw() {
-    const size_t n = 1ull << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float t[5];
-    CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    for (int i = 0; i < 5; i++) {
-        CK(cudaEventRecord(e0));
-        CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&t[i], e0, e1));
-    }
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 2.0 * n / (bench_median(t, 5) * 1e-3);
 }
 
 kdt_model *make(const char *fmt, int layers, kdt_wfmt experts, kdt_wfmt others) {
@@ -138,6 +119,7 @@ void decode(const char *name, kdt_model *m, int D) {
                       "| floor ms (4.8 TB/s) | x floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
                name, c->num_hidden_layers, gb, g_copy_bw / 1e12);
     for (int B : kBatches) {
+        if (g_batch && B != g_batch) continue;
         for (int i = 0; i < B; i++) {
             req[i] = i;
             KCK(kdt_cache_reset(cache, i));
@@ -153,6 +135,7 @@ void decode(const char *name, kdt_model *m, int D) {
         KCK(kdt_model_forward(m, cache, &bt, logits, NULL, s));
         for (int i = 0; i < B; i++) rows[i] = 1;
         for (int i = 0; i < 2; i++) KCK(kdt_model_forward(m, cache, &bt, logits, NULL, s)); /* warm-up, graph capture */
+        CK(cudaProfilerStart());
         for (int i = 0; i < D; i++) {
             CK(cudaEventRecord(e0, s));
             KCK(kdt_model_forward(m, cache, &bt, logits, NULL, s));
@@ -160,6 +143,7 @@ void decode(const char *name, kdt_model *m, int D) {
             CK(cudaEventSynchronize(e1));
             CK(cudaEventElapsedTime(&t[i], e0, e1));
         }
+        CK(cudaProfilerStop());
         const double ms = bench_median(t, D), fb = floor_bytes(m, B), f1 = fb / g_copy_bw * 1e3, f2 = fb / kSpecBw * 1e3;
         bench_emit(g_out, "| %d | %.3f | %.0f | %.2f | %.3f | %.2f | %.3f | %.2f |\n", B, ms, B / (ms * 1e-3), fb / 1e9, f1, ms / f1, f2,
                    ms / f2);
@@ -200,19 +184,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gb") && i + 1 < argc) gb = atof(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc) D = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) g_batch = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_model_quant [--out FILE] [--gb 120] [--decode 16] [--only int4|fp8|bf16]\n");
+            fprintf(stderr, "usage: bench_model_quant [--out FILE] [--gb 120] [--decode 16] [--only int4|fp8|bf16] [--batch 1|8|32]\n");
             return 2;
         }
     }
-    if (D < 1 || D > 1000 || gb < 1) {
-        fprintf(stderr, "bench_model_quant: --decode 1 .. 1000, --gb >= 1\n");
+    if (D < 1 || D > 1000 || gb < 1 || (g_batch && g_batch != 1 && g_batch != 8 && g_batch != 32)) {
+        fprintf(stderr, "bench_model_quant: --decode 1 .. 1000, --gb >= 1, --batch 1, 8 or 32\n");
         return 2;
     }
     if (bench_open("bench_model_quant", out_path, &g_out)) return 1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    g_copy_bw = copy_bw();
+    g_copy_bw = bench_copy_bw();
     bench_emit(g_out, "# Quantized decode on %s: device copy %.2f TB/s (read + written), decode steps after a %d-token prompt, median of %d\n",
                prop.name, g_copy_bw / 1e12, kPrompt, D);
     if (!only || !strcmp(only, "int4")) run("K2.6 layout, INT4 routed experts", kK26, KDT_WFMT_INT4, KDT_WFMT_DENSE, gb, 61, D);

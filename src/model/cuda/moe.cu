@@ -18,6 +18,7 @@
 #include "common/cuda/cuda_common.cuh"
 #include "model/cuda/kernels.h"
 #include "model/cuda/linear.h"
+#include "model/cuda/moe_quant.h"
 #include "model/cuda/pdl.cuh"
 
 namespace {
@@ -137,6 +138,8 @@ extern "C" kdt_status kdt_lin_moe_small(int64_t R, const void *x, const int32_t 
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: quantized experts need one format for gate/up and down, bf16 activations "
                         "and hidden, intermediate sizes that are multiples of 8 (FP8) or 32 (INT4): hidden %d, intermediate %d",
                         hid, I);
+    if (kdt_moe_quant_fits(gate_up, down, hid, I)) /* the tensor-core grouped kernels (moe_quant.cu) */
+        return kdt_moe_quant(R, x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
     if (gate_up->fmt == KDT_WFMT_INT4)
         return launch_rows<bf16>(R, x, perm, K, counts, offs, wquant<true>(gate_up), wquant<true>(down), E, hid, I, act, ye, s);
     return launch_rows<bf16>(R, x, perm, K, counts, offs, wquant<false>(gate_up), wquant<false>(down), E, hid, I, act, ye, s);

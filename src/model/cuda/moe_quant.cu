@@ -1,0 +1,245 @@
+/* The routed experts of a MoE layer on quantized weights at decode and verify sizes
+ * (moe_quant.h; docs/perf/quant.md, "Grouped quantized experts"): two launches a layer, gate/up
+ * with SiLU . mul, then down, each over every expert with rows, weights streamed once from DRAM
+ * and dequantized in registers onto the tensor cores.
+ *
+ * Grid (output tiles, expert slots). The experts with rows are not known on the host (the routing
+ * stays on the device, so the launch can be captured in a graph): slot j takes the j-th expert with
+ * rows in expert order, found by each warp from counts [E] (all E read at once, one round trip);
+ * there are min(E, R K) slots, and slots past the active experts exit. A warp owns 16 output
+ * columns of its expert (gate/up: the 16 gate rows and the matching 16 up rows, two mma A tiles, so
+ * SiLU . mul pairs registers of the same lane) against 8 of its rows at a time (the mma's B), over
+ * its part of K (kSplit warps of a block split it; their partials are summed in part order) in
+ * 128-k steps: quant_mma.cuh's fp8_step / int4_step. Each lane loads its own 16-byte pieces of rows
+ * g and g + 8 (whole 32-byte sectors per instruction) and the step's scales kU steps ahead into
+ * registers, about 4 KB a warp in flight; a step's token rows (x, from L2 mostly) are read at once
+ * at its start. Each output is one warp's sum (or its parts' in order): deterministic. */
+#include "common/cuda/cuda_common.cuh"
+#include "cuda/quant_mma.cuh"
+#include "model/cuda/moe_quant.h"
+
+namespace {
+
+#include "model/cuda/moe.cuh" /* WQuant (the rows' and scales' addresses), silu */
+
+typedef __nv_bfloat16 bf16;
+
+constexpr int kQWarps = 4;   /* a block: 4 warps, 64 output columns */
+constexpr int kQCols = 16;   /* output columns a warp */
+constexpr int kQStep = 128;  /* k per step: one FP8 block column, four INT4 groups */
+constexpr int kScan = 12;    /* expert counts a lane reads per round: 384 experts in one round trip */
+
+/* The j-th expert with rows (counts [E] > 0) in expert order, or -1, and its count in *cnt (so the
+ * block's branch on it waits for no second load); every lane of the warp gets both. */
+__device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int *cnt) {
+    const int lane = threadIdx.x & 31;
+    int seen = 0, found = -1;
+    for (int base = 0; base < E; base += 32 * kScan) {
+        int c[kScan];
+#pragma unroll
+        for (int q = 0; q < kScan; q++) c[q] = base + 32 * q + lane < E ? counts[base + 32 * q + lane] : 0;
+#pragma unroll
+        for (int q = 0; q < kScan; q++) {
+            unsigned m = __ballot_sync(0xffffffffu, c[q] > 0);
+            const int n = __popc(m);
+            if (found < 0 && j < seen + n) {
+                for (int r = j - seen; r > 0; r--) m &= m - 1;
+                found = base + 32 * q + __ffs((int)m) - 1;
+                *cnt = __shfl_sync(0xffffffffu, c[q], found - base - 32 * q);
+            }
+            seen += n;
+        }
+    }
+    return found;
+}
+
+/* What a lane holds of one step, per A tile a: rows g and g + 8 (h), INT4 bytes 16t .. 16t + 15 of the
+ * row's 64-byte step (group t), FP8 bytes 16t .. and 64 + 16t .. of its 128-byte step; s: INT4 group
+ * t's bf16 scales of rows g (low half) and g + 8 (high), FP8 the tile's block scale (f32 bits). */
+template <bool kInt4, int kA> struct QStage {
+    uint4 w[kA][2][kInt4 ? 1 : 2];
+    uint32_t s[kA];
+};
+
+/* One warp: columns col0 .. col0 + 15 of expert e against its rows r_beg .. r_beg + 7 (those below cnt;
+ * the mma's 8 columns), at assignment places off + row, over part ks of kSplit of the 128-k steps (the
+ * kSplit warps of a column group sum their partials through red in part order, and part 0 writes).
+ * kGateUp: in = x [*, n_in] (row perm[place] / topk), out = act [*, n_out] bf16; else in = act
+ * [*, n_in] (row = place), out = ye [*, n_out] f32. kLaneBytes: weight bytes a lane keeps in flight.
+ * n_out % 16 == 0: a live warp's 16 columns are all in range (a dead one, col0 >= n_out, reads the
+ * last 16 and writes nothing), so rows g + 8 are rows g's plus 8 rows. */
+template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes>
+__device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, const WQuant<kInt4> &w,
+                                            int e, int off, int r_beg, int cnt, int n_in, int n_out, int col0, int ks, float *red,
+                                            void *out) {
+    constexpr int kA = kGateUp ? 2 : 1, kMT = 1;
+    constexpr int kStepBytes = kA * 2 * (kInt4 ? 16 : 32); /* a lane's weight bytes of one step */
+    constexpr int kU = kLaneBytes / kStepBytes > 1 ? kLaneBytes / kStepBytes : 1; /* steps in flight */
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nsteps = (n_in + kQStep - 1) / kQStep, ng = n_in / 32;
+    const int s_beg = ks * nsteps / kSplit, s_end = (ks + 1) * nsteps / kSplit;
+    const size_t w8 = (size_t)8 * (kInt4 ? n_in / 2 : n_in), s8 = (size_t)8 * (n_in / 32) * 2; /* 8 rows of codes, INT4 scales */
+    const uint8_t *wr[kA], *sr[kA]; /* row g's codes and scales (FP8: its block row's) */
+#pragma unroll
+    for (int a = 0; a < kA; a++) {
+        const int col = min(col0, n_out - kQCols) + g;
+        const typename WQuant<kInt4>::Row r = w.row(e, 0, (size_t)(a ? n_out + col : col), 0);
+        wr[a] = r.w, sr[a] = r.s;
+    }
+    const int xrow = r_beg + g;
+    const bf16 *xr = xrow < cnt ? in + (size_t)(kGateUp && perm ? perm[off + xrow] / topk : off + xrow) * n_in : nullptr;
+
+    /* Past K or the part the pieces are zero (x there too): K % 16 == 0, so a 16-byte piece is all in or all out. */
+    auto load = [&](QStage<kInt4, kA> &st, int s) {
+        const int lim = s < s_end ? n_in : 0;
+#pragma unroll
+        for (int a = 0; a < kA; a++) {
+            uint32_t sc = 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if constexpr (kInt4) {
+                    const int o = s * (kQStep / 2) + 16 * t;
+                    st.w[a][h][0] = o < lim / 2 ? __ldcs((const uint4 *)(wr[a] + h * w8 + o)) : make_uint4(0, 0, 0, 0);
+                    const int gi = s * 4 + t;
+                    sc |= (gi < lim / 32 ? (uint32_t)__ldcs((const unsigned short *)(sr[a] + h * s8) + gi) : 0u) << (16 * h);
+                } else {
+#pragma unroll
+                    for (int l = 0; l < 2; l++) {
+                        const int o = s * kQStep + 64 * l + 16 * t;
+                        st.w[a][h][l] = o < lim ? __ldcs((const uint4 *)(wr[a] + h * w8 + o)) : make_uint4(0, 0, 0, 0);
+                    }
+                }
+            }
+            if constexpr (!kInt4) sc = lim ? __float_as_uint(__ldcs((const float *)sr[a] + s)) : 0u;
+            st.s[a] = sc;
+        }
+    };
+    float acc[kA][kMT][4] = {};
+    auto compute = [&](const QStage<kInt4, kA> &st, int s) {
+        const int kb = s * kQStep;
+        /* x chunk u: INT4 k kb + 32u + 8t .. + 7; FP8 kb + 64 (u / 2) + 16t + 8 (u % 2) ... All four read at
+         * once, for both tiles: x mostly comes from L2 (written by the kernel before), and a round trip
+         * per group (H200, 12:20 run: loads inside int4_step) made a step last ~8 L2 latencies. */
+        uint4 xv[kMT][4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int k = kb + (kInt4 ? 32 * u + 8 * t : 64 * (u / 2) + 16 * t + 8 * (u % 2));
+            xv[0][u] = xr && k < n_in ? __ldg((const uint4 *)(xr + k)) : make_uint4(0, 0, 0, 0);
+        }
+        auto xat = [&](int i, int u) { return xv[i][u]; };
+#pragma unroll
+        for (int a = 0; a < kA; a++) {
+            if constexpr (kInt4) {
+                uint32_t sw[4]; /* group G's scales, from lane G of the quad */
+#pragma unroll
+                for (int G = 0; G < 4; G++) sw[G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
+                int4_step<kMT>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, xat,
+                               [&](int G, int h) { return bf16_bits((uint16_t)(h ? sw[G] >> 16 : sw[G])); });
+            } else {
+                const uint4(&p)[2] = st.w[a][0], (&q)[2] = st.w[a][1];
+                const uint32_t q0[8] = {p[0].x, p[0].y, p[0].z, p[0].w, p[1].x, p[1].y, p[1].z, p[1].w};
+                const uint32_t q1[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
+                fp8_step<kMT>(acc[a], q0, q1, __uint_as_float(st.s[a]), xat);
+            }
+        }
+    };
+
+    QStage<kInt4, kA> ring[kU];
+#pragma unroll
+    for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
+    for (int s0 = s_beg; s0 < s_end; s0 += kU) {
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+            if (s0 + u >= s_end) break;
+            const QStage<kInt4, kA> cur = ring[u];
+            load(ring[u], s0 + u + kU);
+            compute(cur, s0 + u);
+        }
+    }
+
+    if constexpr (kSplit > 1) { /* red [warp][kA 4][lane]: parts 1 .. kSplit - 1 to part 0, added in part order */
+        constexpr int kAcc = kA * 4;
+        float *flat = &acc[0][0][0];
+        const int warp = threadIdx.x / 32;
+        if (ks)
+#pragma unroll
+            for (int v = 0; v < kAcc; v++) red[(warp * kAcc + v) * 32 + lane] = flat[v];
+        __syncthreads();
+        if (!ks)
+            for (int q = 1; q < kSplit; q++)
+#pragma unroll
+                for (int v = 0; v < kAcc; v++) flat[v] += red[((warp + q) * kAcc + v) * 32 + lane];
+        __syncthreads(); /* red is free for the block's next pass */
+        if (ks) return;
+    }
+    /* c0, c1: row g, x rows 2t, 2t + 1 of the tile; c2, c3: row g + 8. */
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const int col = col0 + g + (c >= 2 ? 8 : 0), row = r_beg + 2 * t + (c & 1);
+        if (col >= n_out || row >= cnt) continue;
+        const size_t p = (size_t)off + row;
+        if constexpr (kGateUp) ((bf16 *)out)[p * n_out + col] = __float2bfloat16_rn(silu(acc[0][0][c]) * acc[1][0][c]);
+        else ((float *)out)[p * n_out + col] = acc[0][0][c];
+    }
+}
+
+/* Grid (ceil(n_out / (16 kQWarps / kSplit)), slots): block (x, j) runs the j-th expert with rows (see
+ * expert_cols; warp w: column group w / kSplit, part w % kSplit), its rows 8 at a time (the weights read
+ * again for each 8 past the first: rare at decode sizes, where an expert mostly has 1 or 2).
+ * kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in]. 4 blocks an SM (at most 128 registers a
+ * thread): 16 warps. */
+template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes>
+__global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
+                                                                const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
+                                                                int E, const WQuant<kInt4> w, int n_in, int n_out, void *out) {
+    __shared__ float red[kSplit > 1 ? kQWarps * (kGateUp ? 2 : 1) * 4 * 32 : 1];
+    const int warp = threadIdx.x / 32, ks = warp % kSplit;
+    const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * kQCols;
+    if (kSplit == 1 && col0 >= n_out) return;
+    int cnt = 0;
+    const int e = nth_active(counts, E, blockIdx.y, &cnt);
+    if (e < 0) return;
+    const int off = offs[e];
+    for (int r = 0; r < cnt; r += 8) expert_cols<kInt4, kGateUp, kSplit, kLaneBytes>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
+}
+
+template <bool kInt4> WQuant<kInt4> wq(const kdt_dlin *d) {
+    return {{(const uint8_t *)d->w[0], (const uint8_t *)d->w[1]}, {(const uint8_t *)d->scale[0], (const uint8_t *)d->scale[1]},
+            d->N, d->N0, d->K};
+}
+
+/* Both launches; kSplitGU / kSplitDown: warps that split the K of gate/up (K = hidden) and down (K = I). */
+template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128>
+kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
+                  const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
+    const int32_t E = gu->n;
+    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
+    const unsigned slots = (unsigned)(R * K < E ? R * K : E);
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
+        x, perm, K, counts, offs, E, wq<kInt4>(gu), hid, I, act);
+    KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
+    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
+        (const bf16 *)act, nullptr, K, counts, offs, E, wq<kInt4>(dn), I, hid, ye);
+    KDT_CUDA_CHECK_LAUNCH("moe_quant down");
+    return KDT_OK;
+}
+
+} // namespace
+
+extern "C" int kdt_moe_quant_fits(const kdt_dlin *gate_up, const kdt_dlin *down, int32_t hid, int32_t I) {
+    const int m = gate_up->fmt == KDT_WFMT_INT4 ? 32 : 16;
+    return gate_up->fmt == down->fmt && (gate_up->fmt == KDT_WFMT_INT4 || gate_up->fmt == KDT_WFMT_FP8) && hid > 0 && I > 0 &&
+           hid % m == 0 && I % m == 0;
+}
+
+extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                                    const kdt_dlin *gate_up, const kdt_dlin *down, int32_t hid, int32_t I, void *act, float *ye,
+                                    cudaStream_t s) {
+    if (!kdt_moe_quant_fits(gate_up, down, hid, I))
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: quantized experts need one format (FP8 or INT4) for gate/up and down and "
+                        "hidden, intermediate sizes that are multiples of 16 (FP8) or 32 (INT4): hidden %d, intermediate %d", hid, I);
+    if (R < 1 || K < 1) return KDT_OK;
+    if (gate_up->fmt == KDT_WFMT_INT4)
+        return launch<true>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+    return launch<false>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+}
