@@ -345,12 +345,14 @@ void free_case(Run *r) {
     cudaFree(r->o2), cudaFree(r->lse2), cudaFree(r->ws);
 }
 
-/* The seesaw kernel's Args for run r with `parts` parts (its own workspace; output to o2, lse2). */
-int setup_seesaw(Run *r, int parts) {
+/* The seesaw kernel's Args for run r with `parts` parts, scaled to kv_len as the shipped call's
+ * unless forced (its own workspace; output to o2, lse2). */
+int setup_seesaw(Run *r, int parts, int forced) {
     kdt_verify_attn_params q = r->p;
     q.o = r->o2, q.lse = r->lse2;
     if (!make_args(&q, &r->a) || !setup_tma(&q, &r->a)) return 0;
     r->a.parts = parts;
+    r->a.exact_parts = forced;
     r->m_tiles = (r->a.rows + kBM - 1) / kBM;
     cudaFree(r->ws);
     r->ws = nullptr;
@@ -449,7 +451,7 @@ int check(const Case &c, const char *what, int parts_req) {
     CK(cudaMemset(r.p.o, 0xFF, on * 2));
     CK(cudaMemset(r.o2, 0xFF, on * 2));
     run_shipped(r, parts_req, &info);
-    if (!setup_seesaw(&r, info.parts)) {
+    if (!setup_seesaw(&r, info.parts, parts_req > 0)) {
         printf("FAIL  seesaw check %s: the call does not fit the TMA maps\n", what);
         free_case(&r);
         return 0;
@@ -544,7 +546,7 @@ int main(int argc, char **argv) {
         make_case(c, &r);
         kdt_va_sm90_info info;
         run_shipped(r, parts_force, &info);
-        if (!setup_seesaw(&r, info.parts)) {
+        if (!setup_seesaw(&r, info.parts, parts_force > 0)) {
             free_case(&r);
             continue;
         }

@@ -103,6 +103,7 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int kern
     if (parts > 65535) parts = 65535;
     if (a.B > 65535) parts = 1; /* the combine grid's y dimension */
     a.parts = parts;
+    a.exact_parts = parts_req > 0;
 
     size_t ws_bytes = 0;
     void *ws = nullptr;

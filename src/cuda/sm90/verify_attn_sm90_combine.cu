@@ -25,9 +25,10 @@ __device__ __forceinline__ void add_bf16x8(float (&acc)[8], float w, uint4 v) {
 template <int kCombineParts> /* parts loaded at once; divides 32: a chunk of 32 slots holds whole load groups */
 __global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constant__ Args a) {
     __shared__ long long warp_sums[kThreads / 32];
-    const int b = blockIdx.y, P = a.parts;
+    const int b = blockIdx.y;
     long long W, wb;
     sched_sums(a, b, warp_sums, &W, &wb);
+    const int P = part_count(a, W);
     const long long first = wb + kOverhead;
     const int p0 = part_of(W, P, first), p1 = part_of(W, P, first + key_tiles(req_keys(a, b)) - 1);
     if (p0 == p1) return; /* written directly by the main kernel */

@@ -58,7 +58,8 @@ struct Args {
     int NB, BS, MB;
     int B, Q, H, rows;          /* rows = Q * H per request */
     int cap;                    /* keys the cache holds per request */
-    int parts;                  /* gridDim.y */
+    int parts;                  /* gridDim.y: the most parts; the kernels use part_count's (sched.cuh) */
+    int exact_parts;            /* 1: parts is exact (a forced split), 0: scaled to the real kv_len */
     float scale_log2;           /* sm_scale * log2(e) */
 };
 
