@@ -77,6 +77,9 @@ else
 fi
 
 # 2. the bench: issue shapes + small shapes, split sweep, baseline split; then main's binary
+ab_note() { # $1: log; the A/B table: chosen vs baseline, and back to back
+    grep -A 20 '^A/B' "$1" | grep -E '^\| [0-9]' | awk -F'|' '{for (i = 3; i <= 9; i++) gsub(/ /, "", $i); gsub(/^ +| +$/, "", $2); printf "[%s: %sp %s vs %sp %s = %s; b2b %s vs %s] ", $2, $3, $4, $5, $6, $7, $8, $9}'
+}
 sweep_note() { # $1: log; chosen vs best forced split per shape
     sed -n '/^split sweep/,/^A\/B/p' "$1" | grep -E '^\| [0-9]' | awk -F'|' '{gsub(/ /,"",$2); gsub(/ /,"",$3); gsub(/ /,"",$4); gsub(/ /,"",$7); gsub(/ /,"",$8); gsub(/ /,"",$10); printf "[%s: %s parts %sus, best %s %sus x%s] ", $2, $3, $4, $7, $8, $10}'
 }
@@ -88,10 +91,11 @@ if [ -x "$BV" ]; then
     note "times (us, chosen parts): $(grep -E '^\| [0-9]' "$OUT/bench_verify_attn.md" 2>/dev/null | head -13 | awk -F'|' '{gsub(/ /,"",$2); gsub(/ /,"",$3); gsub(/ /,"",$4); gsub(/ /,"",$10); printf "[%s: %s p, %s us, %s] ", $2, $3, $4, $10}')"
     note "split sweep: $(sweep_note "$B")"
     grep -E '^\| (64, 8|128, 8), ' "$B" | head -2 | while IFS= read -r l; do note "8-head (| shape | parts | us | TFLOP/s | %GEMM | GB/s | %copy |...): $(cut -d'|' -f1-8 <<<"$l")"; done
-    note "A/B vs forced baseline split: $(grep -A 20 '^A/B' "$B" | grep -E '^\| [0-9]' | awk -F'|' '{gsub(/^ +| +$/,"",$2); gsub(/ /,"",$3); gsub(/ /,"",$4); gsub(/ /,"",$5); gsub(/ /,"",$6); gsub(/ /,"",$7); printf "[%s: %sp %s vs %sp %s = %s] ", $2, $3, $4, $5, $6, $7}')"
+    note "A/B vs forced baseline split (us; back to back per call): $(ab_note "$B")"
 fi
 if [ "$main_ok" = 1 ]; then
     step bench_main 25 "$BM" --small --reps 20 --no-fallback --no-sweep --kernels 1 --out "$OUT/bench_verify_attn_main.md"
+    note "main's binary, A/B table (its chosen split vs the same forced; b2b: back to back): $(ab_note "$LOGS/bench_main.log")"
     # new / main per shape, from the two tables' main columns
     note "new / main (us): $(paste -d'#' <(grep -E '^\| [0-9]' "$OUT/bench_verify_attn.md" | head -13) <(grep -E '^\| [0-9]' "$OUT/bench_verify_attn_main.md" | head -13) |
         awk -F'#' '{split($1, a, "|"); split($2, b, "|"); gsub(/ /, "", a[4]); gsub(/ /, "", b[4]); gsub(/^ +| +$/, "", a[2]); if (b[4] > 0) printf "[%s: %s / %s = %.3f] ", a[2], a[4], b[4], a[4] / b[4]}')"

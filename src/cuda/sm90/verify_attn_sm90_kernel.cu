@@ -192,6 +192,9 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
         for (int i = 0; i < 3; i++) mbar_init(sbase + kOffBarT + 8 * i, 1);
         fence_mbar_init();
     }
+    /* Under programmatic dependent launch this CTA may run before the kernel ahead of it in the
+     * stream is done: nothing in global memory is read or written before that kernel has finished. */
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     /* Let the combine kernel (programmatic dependent launch) start as soon as every CTA runs. */
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     walk_segments(a, smem, [&](int b, int tb, int te, int slot) {
@@ -202,13 +205,12 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
 
 } // namespace
 
-cudaError_t launch_main(const Args &a, int tma, int m_tiles, cudaStream_t stream, int *smem) {
+cudaError_t launch_main(const Args &a, int tma, int m_tiles, int no_pdl, cudaStream_t stream, int *smem, int *pdl) {
     void (*kernel)(Args) = tma ? va_sm90_kernel<true> : va_sm90_kernel<false>;
     *smem = tma ? (int)kSmemT : (int)kSmemBytes;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *smem);
     if (e != cudaSuccess) return e;
-    kernel<<<dim3((unsigned)m_tiles, (unsigned)a.parts), kThreads, (size_t)*smem, stream>>>(a);
-    return cudaPeekAtLastError();
+    return launch_pdl(kernel, dim3((unsigned)m_tiles, (unsigned)a.parts), (size_t)*smem, a, no_pdl, stream, pdl);
 }
 
 } // namespace kdt_va_sm90
