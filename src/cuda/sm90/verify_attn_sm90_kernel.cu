@@ -138,7 +138,7 @@ __device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, ui
     const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
     const uint8_t *mrow1 = a.tree_mask + ((long long)b * a.Q + min((m0 + r1) / a.H, a.Q - 1)) * a.Q;
     if (wg == 0 && t4 == 0 && te * kBN > prefix) { /* the mask's bytes of the first masked tile, read after its S */
-        const int k0 = max(tb * kBN - prefix, 0);
+        const int k0 = min(max(tb * kBN - prefix, 0), a.Q - 1); /* inside the row even when kv_len < Q */
         prefetch_l2(mrow0 + k0);
         prefetch_l2(mrow1 + k0);
     }

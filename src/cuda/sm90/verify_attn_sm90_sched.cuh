@@ -45,9 +45,9 @@ static __device__ void sched_sums(const Args &a, int upto, long long *warp_sums,
     for (int base = 0; base < a.B; base += kThreads) {
         const int b = base + threadIdx.x;
         const long long w = b < a.B ? key_tiles(req_keys(a, b)) + kOverhead : 0;
-        long long t, u;
+        long long t, u = 0;
         block_scan(w, warp_sums, &t);
-        block_scan(b < upto ? w : 0, warp_sums, &u);
+        if (base < upto) block_scan(b < upto ? w : 0, warp_sums, &u); /* uniform: upto and base are */
         *W += t;
         *before += u;
     }
