@@ -22,6 +22,7 @@ source scripts/gpu_deps.sh # libcjson, PCRE2, libmicrohttpd from .deb/ where mis
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
 T="$BUILD/tests/test_verify_attn_fast" BV="$BUILD/bench/bench_verify_attn" BM="$BUILD/bench/bench_verify_attn_main"
+SS="$BUILD/dev/verify_attn_sm90_seesaw"
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 
@@ -44,7 +45,7 @@ else
     note "main baseline: no git history here (the bench's forced baseline split stands in)"
     main_pid=
 fi
-step build 80 make -j16 "${MAKEVARS[@]}" "$T" "$BV" || tail -30 "$LOGS/build.log"
+step build 80 make -j16 "${MAKEVARS[@]}" "$T" "$BV" "$SS" || tail -30 "$LOGS/build.log"
 if [ -n "$main_pid" ]; then
     wait "$main_pid"
     if [ "$(cat "$LOGS/build_main.rc" 2>/dev/null)" = 0 ] && [ -f "$BUILD/obj/bench/bench_verify_attn.o" ]; then
@@ -102,19 +103,33 @@ if [ "$main_ok" = 1 ]; then
 fi
 
 # 3. ncu: the 8-head bandwidth-bound shape and the small decode shape
-if command -v ncu >/dev/null && [ -x "$BV" ]; then
+avail="" metrics=gpu__time_duration.sum
+if command -v ncu >/dev/null; then
     avail=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}')
-    metrics=gpu__time_duration.sum
     for m in sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active dram__throughput.avg.pct_of_peak_sustained_elapsed \
              dram__bytes_read.sum lts__t_bytes.sum lts__t_sector_hit_rate.pct sm__warps_active.avg.pct_of_peak_sustained_active \
              sm__throughput.avg.pct_of_peak_sustained_elapsed; do
         grep -qx "${m%%.*}" <<<"$avail" && metrics+=",$m"
     done
+fi
+if command -v ncu >/dev/null && [ -x "$BV" ]; then
     for sh in 6 9; do
         step ncu_shape$sh 12 ncu --clock-control none --metrics "$metrics" -k 'regex:va_sm90' -c 2 \
             "$BV" --small --shape $sh --reps 1 --no-fallback --no-sweep --kernels 1
         note "ncu shape $sh: $(grep -E 'va_sm90|duration|pct|bytes|hit_rate' "$LOGS/ncu_shape$sh.log" | awk '/va_sm90/ {printf "{%s} ", $1; next} {printf "%s=%s %s ", $1, $NF, $(NF-1)}')"
     done
+fi
+
+# 4. why the seesaw experiment is slower than the shipped kernel: both on 1,64,33,32768 (its check runs
+#    shipped then seesaw), tensor pipe and warp stall reasons per kernel
+if command -v ncu >/dev/null && [ -x "$SS" ]; then
+    stalls=""
+    for r in barrier long_scoreboard wait math_pipe_throttle short_scoreboard membar mio_throttle; do
+        m=smsp__warp_issue_stalled_${r}_per_warp_active
+        grep -qx "$m" <<<"$avail" && stalls+=",$m.pct"
+    done
+    step ncu_seesaw 20 ncu --clock-control none --metrics "$metrics$stalls" -k 'regex:va_sm90_kernel|seesaw_kernel' -c 2 "$SS" --check-only --shape 0
+    note "ncu shipped vs seesaw (1,64,33,32768): $(grep -E 'va_sm90_kernel|seesaw_kernel|duration|tensor|stalled' "$LOGS/ncu_seesaw.log" | awk '/va_sm90_kernel|seesaw_kernel/ {printf "{%s} ", ($0 ~ /seesaw/ ? "seesaw" : "shipped"); next} {sub(/smsp__warp_issue_stalled_/, "", $1); sub(/_per_warp_active.pct/, "", $1); printf "%s=%s ", $1, $NF}')"
 fi
 
 echo
