@@ -92,11 +92,11 @@ if [ -x "$BV" ]; then
     note "times (us, chosen parts): $(grep -E '^\| [0-9]' "$OUT/bench_verify_attn.md" 2>/dev/null | head -13 | awk -F'|' '{gsub(/ /,"",$2); gsub(/ /,"",$3); gsub(/ /,"",$4); gsub(/ /,"",$10); printf "[%s: %s p, %s us, %s] ", $2, $3, $4, $10}')"
     note "split sweep: $(sweep_note "$B")"
     grep -E '^\| (64, 8|128, 8), ' "$B" | head -2 | while IFS= read -r l; do note "8-head (| shape | parts | us | TFLOP/s | %GEMM | GB/s | %copy |...): $(cut -d'|' -f1-8 <<<"$l")"; done
-    note "A/B vs forced baseline split (us; back to back per call): $(ab_note "$B")"
+    note "A/B vs forced baseline split (us; b2b: per call of 20 in one CUDA graph): $(ab_note "$B")"
 fi
 if [ "$main_ok" = 1 ]; then
     step bench_main 25 "$BM" --small --reps 20 --no-fallback --no-sweep --kernels 1 --out "$OUT/bench_verify_attn_main.md"
-    note "main's binary, A/B table (its chosen split vs the same forced; b2b: back to back): $(ab_note "$LOGS/bench_main.log")"
+    note "main's binary, A/B table (its chosen split vs the same forced; b2b: 20 calls in one CUDA graph, per call): $(ab_note "$LOGS/bench_main.log")"
     # new / main per shape, from the two tables' main columns
     note "new / main (us): $(paste -d'#' <(grep -E '^\| [0-9]' "$OUT/bench_verify_attn.md" | head -13) <(grep -E '^\| [0-9]' "$OUT/bench_verify_attn_main.md" | head -13) |
         awk -F'#' '{split($1, a, "|"); split($2, b, "|"); gsub(/ /, "", a[4]); gsub(/ /, "", b[4]); gsub(/^ +| +$/, "", a[2]); if (b[4] > 0) printf "[%s: %s / %s = %.3f] ", a[2], a[4], b[4], a[4] / b[4]}')"
