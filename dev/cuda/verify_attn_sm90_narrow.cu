@@ -62,17 +62,8 @@ __device__ __forceinline__ void run_segment_narrow(const Args &a, uint8_t *smem,
     const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP, buf0 = sbase + kOffK;
     const uint32_t bar_q = sbase + kOffBarT, bar0 = bar_q + 8;
 
-    fence_proxy_async();
-    __syncthreads();
-    if (tid == 0) {
-        mbar_arrive_expect_tx(bar_q, kTileBytes);
-        for (int c = 0; c < kDqk / 64; c++) tma_load_2d(sq + c * kColBlock, &a.tm_q, 64 * c, b * a.rows, bar_q);
-        int e[4];
-        tile_blocks(a, b, n, tb, e);
-        load_tile(a, b, n, tb, e, buf0, bar0);
-    }
     int e_next[4];
-    if (tid == 128) tile_blocks(a, b, n, tb + 1 < te ? tb + 1 : tb, e_next);
+    tma_segment_start(a, b, n, 0, tb, te, sq, buf0, bar_q, bar0, e_next);
 
     const uint8_t *mrow[4]; /* mask rows of the thread's 4 rows (padding rows read the last tree row) */
 #pragma unroll
@@ -88,14 +79,7 @@ __device__ __forceinline__ void run_segment_narrow(const Args &a, uint8_t *smem,
     q_phase ^= 1;
 
     for (int kt = tb; kt < te; kt++) {
-        const uint32_t j = (uint32_t)(kt - tb) & 1, sk = buf0 + j * kTileBytes;
-        mbar_wait(bar0 + 8 * j, (k_phase >> j) & 1);
-        k_phase ^= 1u << j;
-        __syncthreads();
-        if (tid == 128 && kt + 1 < te) {
-            load_tile(a, b, n, kt + 1, e_next, buf0 + (j ^ 1) * kTileBytes, bar0 + 8 * (j ^ 1));
-            tile_blocks(a, b, n, kt + 2 < te ? kt + 2 : kt, e_next);
-        }
+        const uint32_t sk = tma_tile_top(a, b, n, kt, tb, te, buf0, bar0, k_phase, e_next), j = (uint32_t)(kt - tb) & 1;
         if (wg == 0) {
             float s[8];
 #pragma unroll
@@ -104,10 +88,7 @@ __device__ __forceinline__ void run_segment_narrow(const Args &a, uint8_t *smem,
             const uint32_t lq = desc_lo(sq, 16), lk = desc_lo(sk, 16);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < kDqk / 16; kk++) {
-                const uint32_t off = ((uint32_t)(kk >> 2) * kColBlock + (uint32_t)(kk & 3) * 32) >> 4;
-                wgmma_m64n16k16_ss<0>(s, desc_from(lk + off, 1024), desc_from(lq + off, 1024));
-            }
+            for (int kk = 0; kk < kDqk / 16; kk++) wgmma_m64n16k16_ss<0>(s, desc_from(lk + kstep_off(kk), 1024), desc_from(lq + kstep_off(kk), 1024));
             wgmma_commit();
             wgmma_wait0();
             fence_regs(s);

@@ -122,17 +122,8 @@ __device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, ui
     const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP, buf0 = sbase + kOffK;
     const uint32_t bar_q = sbase + kOffBarT, bar0 = bar_q + 8;
 
-    fence_proxy_async(); /* this thread's generic accesses to the buffers (last staging) before the TMA below */
-    __syncthreads();
-    if (tid == 0) {
-        mbar_arrive_expect_tx(bar_q, kTileBytes);
-        for (int c = 0; c < kDqk / 64; c++) tma_load_2d(sq + c * kColBlock, &a.tm_q, 64 * c, b * a.rows + m0, bar_q);
-        int e[4];
-        tile_blocks(a, b, n, tb, e);
-        load_tile(a, b, n, tb, e, buf0, bar0);
-    }
     int e_next[4]; /* thread 128: block-table entries of the next tile to load */
-    if (tid == 128) tile_blocks(a, b, n, tb + 1 < te ? tb + 1 : tb, e_next);
+    tma_segment_start(a, b, n, m0, tb, te, sq, buf0, bar_q, bar0, e_next);
 
     /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
     const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
@@ -150,14 +141,7 @@ __device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, ui
     q_phase ^= 1;
 
     for (int kt = tb; kt < te; kt++) {
-        const uint32_t j = (uint32_t)(kt - tb) & 1, sk = buf0 + j * kTileBytes;
-        mbar_wait(bar0 + 8 * j, (k_phase >> j) & 1);
-        k_phase ^= 1u << j;
-        __syncthreads(); /* every thread is done with tile kt - 1: its buffer takes tile kt + 1 */
-        if (tid == 128 && kt + 1 < te) {
-            load_tile(a, b, n, kt + 1, e_next, buf0 + (j ^ 1) * kTileBytes, bar0 + 8 * (j ^ 1));
-            tile_blocks(a, b, n, kt + 2 < te ? kt + 2 : kt, e_next);
-        }
+        const uint32_t sk = tma_tile_top(a, b, n, kt, tb, te, buf0, bar0, k_phase, e_next), j = (uint32_t)(kt - tb) & 1;
         uint32_t p[4][4];
         float alpha[2];
         if (wg == 0) {
