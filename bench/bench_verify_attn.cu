@@ -3,25 +3,27 @@
  *
  *   build/bench/bench_verify_attn [--reps 50] [--out docs/perf/verify_attn_sm90_results.md]
  *                                 [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I]
- *                                 [--kernels 1,2] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]
+ *                                 [--kernels 1,3] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]
  *
  * Inputs: bf16, paged cache of block size 64 with a shuffled block table, kv_len = prefix + Q,
  * tree mask from random trees, sm_scale 0.13086. Each time is the median of --reps runs timed
  * with CUDA events, the L2 flushed (a 256 MB memset) before each run. Per shape it prints the
- * times of the listed kernels (verify_attn_sm90.h: 1 TMA, the default and the table's main column;
- * 2 cp.async, the fallback for block sizes TMA cannot describe; 2 is always run) with the
- * scheduler's split; the general CUDA kernel (kdt_verify_attn_cuda with $KDT_VA_SM90=0; fewer
- * runs); a sweep of forced split counts of the TMA kernel (--parts sets the list; the chosen count and
- * its neighbours within 2 are always in it; each with its GB/s: the 8-head shapes are
- * bandwidth-bound); and a cross-check (not the test): one
- * more run of each kernel into a NaN-poisoned o, compared with the cp.async kernel's (relative L2,
- * max |d|, elements that differ, NaN; the two accumulate in the same order and match bit for bit).
+ * times of the listed kernels (verify_attn_sm90.h: 0 auto, what the library runs and the table's
+ * main column: narrow for at most 16 rows, else TMA; 1 TMA; 2 cp.async, the fallback for block sizes
+ * TMA cannot describe; 3 narrow; by default 0, 1 and 2; --kernels names others, 0 and 2 are always
+ * added) with the scheduler's split; the general CUDA kernel (kdt_verify_attn_cuda with
+ * $KDT_VA_SM90=0; fewer runs); a sweep of forced split counts of the auto kernel (--parts sets the
+ * list; the chosen count and its neighbours within 2 are always in it; each with its GB/s: the 8-head
+ * shapes are bandwidth-bound); and a cross-check (not the test): one more run of each kernel into a
+ * NaN-poisoned o, compared with the cp.async kernel's (relative L2, max |d|, elements that differ,
+ * NaN; TMA and cp.async accumulate in the same order and match bit for bit, narrow does not).
  * dev/cuda/ holds the experiments that are not in the library (ping-pong schedule).
  * Ceilings: a bf16 cuBLAS GEMM 8192^3 (TFLOP/s) and a 1 GiB device-to-device copy (read + write).
  * --shape I runs only the I-th shape (0-based), e.g. under ncu; --small adds the small model's decode
  * and verify calls (a few keys of a large cache) after the issue's shapes. Each shape also runs a
- * baseline split, forced: --base-parts' count for that shape (in the order run; the previous commit's
- * choices), else the chosen count unscaled, as the host picked it for full caches. */
+ * baseline, the TMA kernel with a split forced: --base-parts' count for that shape (in the order run;
+ * the previous commit's choices), else the chosen count unscaled, as the host picked it for full
+ * caches: main's kernel and schedule. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,7 +213,7 @@ Diff compare(const uint16_t *a, const uint16_t *b, size_t n) {
     return d;
 }
 
-const char *kKernelNames[] = {"auto", "tma", "cp.async"}; /* by kdt_va_sm90_kernel */
+const char *kKernelNames[] = {"auto", "tma", "cp.async", "narrow"}; /* by kdt_va_sm90_kernel */
 
 /* One run of a kernel into o poisoned with NaN; its output to host (n elements). */
 void checked_run(Inputs &in, int kernel, uint16_t *host, size_t n) {
@@ -240,8 +242,8 @@ double run_sm90(Bench &bn, Inputs &in, int kernel, int parts, int reps, kdt_va_s
  * (programmatic dependent launch), q and the cache warm in L2 after the first call. NaN when the
  * capture fails. */
 constexpr int kBackToBack = 20;
-double graph_us(Bench &bn, Inputs &in, int parts, int reps) {
-    kdt_va_sm90_config cfg = {KDT_VA_SM90_TMA, parts, 0};
+double graph_us(Bench &bn, Inputs &in, int kernel, int parts, int reps) {
+    kdt_va_sm90_config cfg = {kernel, parts, 0};
     cudaStream_t st;
     CK(cudaStreamCreate(&st)); /* blocking: ordered with the events and flushes on stream 0 */
     cudaGraph_t g = NULL;
@@ -285,8 +287,8 @@ int main(int argc, char **argv) {
     int reps = 50, fallback = 1, sweep = 1, only = -1, small = 0;
     int base_parts[32] = {}, nbase = 0; /* --base-parts: per shape run, the baseline's split (0: the chosen one) */
     int cand[64] = {1, 2, 3, 4, 6, 8, 12, 16, 20, 26, 33, 44, 66, 132}, ncand = 14; /* forced split counts */
-    const int vref = KDT_VA_SM90_CP_ASYNC, vdef = KDT_VA_SM90_TMA; /* the cross-check's reference; the main column */
-    int vlist[2] = {vdef, vref}, nvl = 2;                             /* kernels timed */
+    const int vref = KDT_VA_SM90_CP_ASYNC, vdef = KDT_VA_SM90_AUTO; /* the cross-check's reference; the main column */
+    int vlist[4] = {vdef, KDT_VA_SM90_TMA, vref}, nvl = 3;           /* kernels timed */
     const char *out = NULL, *csv = NULL, *torch_csv = NULL;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--reps") && a + 1 < argc) reps = atoi(argv[++a]);
@@ -307,11 +309,11 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[a], "--kernels") && a + 1 < argc) {
             nvl = 0;
             for (char *t = strtok(argv[++a], ","); t && nvl < 2; t = strtok(NULL, ","))
-                if (atoi(t) >= KDT_VA_SM90_TMA && atoi(t) <= KDT_VA_SM90_CP_ASYNC) vlist[nvl++] = atoi(t);
+                if (atoi(t) >= KDT_VA_SM90_AUTO && atoi(t) <= KDT_VA_SM90_NARROW) vlist[nvl++] = atoi(t);
         }
         else {
             fprintf(stderr, "usage: %s [--reps N] [--out FILE.md] [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I] "
-                            "[--kernels 1,2] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]\n",
+                            "[--kernels 1,3] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]\n",
                     argv[0]);
             return 2;
         }
@@ -364,7 +366,7 @@ int main(int argc, char **argv) {
     if (csv && !fc) fprintf(stderr, "cannot write %s\n", csv);
     if (fc) {
         fprintf(fc, "B,H,Q,prefix,kv_len,parts,kernel,us,tflops,pct_gemm,gbs,pct_copy,flashmla_us,");
-        for (int k = 0; k < nvl; k++) fprintf(fc, "us_%s,", vlist[k] == vref ? "cp_async" : "tma"); /* plot_verify_attn.py's names */
+        for (int k = 0; k < nvl; k++) fprintf(fc, "us_%s,", vlist[k] == vref ? "cp_async" : kKernelNames[vlist[k]]); /* plot_verify_attn.py's names */
         fprintf(fc, "us_fallback,us_torch,best_parts,best_parts_us,gemm_tflops,copy_gbs\n");
     }
 
@@ -383,9 +385,9 @@ int main(int argc, char **argv) {
         const double flops = 2.0 * s.B * s.H * s.Q * (double)n * (kDqk + kDv);
         const double bytes = (double)s.B * n * kDqk * 2 + (double)s.B * s.Q * s.H * (kDqk + kDv) * 2;
         const size_t o_n = (size_t)s.B * s.Q * s.H * kDv;
-        double t[3] = {};
-        kdt_va_sm90_info info[3];
-        uint16_t *out[3] = {};
+        double t[4] = {};
+        kdt_va_sm90_info info[4];
+        uint16_t *out[4] = {};
         printf("B=%d H=%d Q=%d prefix=%d:", s.B, s.H, s.Q, s.prefix);
         for (int k = 0; k < nvl; k++) {
             const int v = vlist[k];
@@ -395,7 +397,7 @@ int main(int argc, char **argv) {
             checked_run(in, v, out[v], o_n);
             printf("  %s %.1f us (ran %s)", kKernelNames[v], t[v], kKernelNames[info[v].kernel]);
         }
-        Diff d[3];
+        Diff d[4];
         for (int k = 0; k < nvl; k++) d[vlist[k]] = compare(out[vlist[k]], out[vref], o_n);
         const kdt_va_sm90_info &id = info[vdef];
         const double tm = t[vdef];
@@ -444,11 +446,11 @@ int main(int argc, char **argv) {
         /* The baseline: a split forced as given (--base-parts: the previous commit's choice), else the
          * chosen count forced exactly, i.e. not scaled to kv_len on the device as the chosen split is. */
         const int bp = base_req > 0 ? base_req : id.parts;
-        const double t_base = run_sm90(bn, in, vdef, bp, reps, NULL);
+        const double t_base = run_sm90(bn, in, KDT_VA_SM90_TMA, bp, reps, NULL);
         printf("  baseline: %d parts forced %.1f us; chosen / baseline %.3f\n", bp, t_base, tm / t_base);
         char b2b[64] = "- | -";
         if (si >= kIssueShapes) { /* the small calls: what a step of the model pays for them */
-            const double c = graph_us(bn, in, 0, reps), cb = graph_us(bn, in, bp, reps);
+            const double c = graph_us(bn, in, KDT_VA_SM90_AUTO, 0, reps), cb = graph_us(bn, in, KDT_VA_SM90_TMA, bp, reps);
             printf("  in a graph (%d calls back to back): chosen %.2f us per call, baseline %.2f\n", kBackToBack, c, cb);
             snprintf(b2b, sizeof b2b, "%.2f | %.2f", c, cb);
         }

@@ -6,8 +6,8 @@
 # racecheck of its --quick cases; the bench on the issue's 7 shapes and the small decode / verify
 # shapes (--small: 4 heads, a few keys of a 2048-key cache) with the split sweep (chosen vs best forced
 # split, GB/s against the copy ceiling) and the baseline split; main's binary on the same shapes; ncu
-# (tensor pipe, DRAM throughput, occupancy, L2) on 128,8,9,16384 and on 1,4,1,256; the narrow experiment
-# (dev/cuda/verify_attn_sm90_narrow.cu) checked and timed; ncu of the seesaw experiment beside the shipped kernel.
+# (tensor pipe, DRAM throughput, occupancy, L2) on 128,8,9,16384 and on 1,4,1,256 (the narrow kernel, new:
+# calls of <= 16 rows); ncu of the seesaw experiment beside the shipped kernel.
 # One "## " line per step, printed again at the end; logs in $OUT/logs, tables in $OUT.
 set -u
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ source scripts/gpu_deps.sh # libcjson, PCRE2, libmicrohttpd from .deb/ where mis
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
 T="$BUILD/tests/test_verify_attn_fast" BV="$BUILD/bench/bench_verify_attn" BM="$BUILD/bench/bench_verify_attn_main"
-SS="$BUILD/dev/verify_attn_sm90_seesaw" NW="$BUILD/dev/verify_attn_sm90_narrow"
+SS="$BUILD/dev/verify_attn_sm90_seesaw"
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 
@@ -46,7 +46,7 @@ else
     note "main baseline: no git history here (the bench's forced baseline split stands in)"
     main_pid=
 fi
-step build 80 make -j16 "${MAKEVARS[@]}" "$T" "$BV" "$SS" "$NW" || tail -30 "$LOGS/build.log"
+step build 80 make -j16 "${MAKEVARS[@]}" "$T" "$BV" "$SS" || tail -30 "$LOGS/build.log"
 if [ -n "$main_pid" ]; then
     wait "$main_pid"
     if [ "$(cat "$LOGS/build_main.rc" 2>/dev/null)" = 0 ] && [ -f "$BUILD/obj/bench/bench_verify_attn.o" ]; then
@@ -63,9 +63,9 @@ fi
 if [ -x "$T" ]; then
     (step test_verify_attn_fast 45 "$T" >/dev/null) &
     p1=$!
-    (step memcheck 45 compute-sanitizer --tool memcheck --error-exitcode 9 "$T" --quick --kernels 1,0 >/dev/null) &
+    (step memcheck 45 compute-sanitizer --tool memcheck --error-exitcode 9 "$T" --quick --kernels 1,3,0 >/dev/null) &
     p2=$!
-    (step racecheck 45 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" --quick --kernels 1 >/dev/null) &
+    (step racecheck 45 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" --quick --kernels 1,3 >/dev/null) &
     p3=$!
     wait $p1 $p2 $p3
     L="$LOGS/test_verify_attn_fast.log"
@@ -92,15 +92,9 @@ if [ -x "$BV" ]; then
     note "ceilings: $(grep -m1 '^ceilings' "$B")"
     note "times (us, chosen parts): $(grep -E '^\| [0-9]' "$OUT/bench_verify_attn.md" 2>/dev/null | head -13 | awk -F'|' '{gsub(/ /,"",$2); gsub(/ /,"",$3); gsub(/ /,"",$4); gsub(/ /,"",$10); printf "[%s: %s p, %s us, %s] ", $2, $3, $4, $10}')"
     note "split sweep: $(sweep_note "$B")"
+    note "cross-check auto vs cp.async per shape (rel_l2, differing; narrow runs the <= 16-row calls): $(grep -E '^  auto vs cp.async' "$B" | awk '{printf "[%s %s] ", $5, $9}')"
     grep -E '^\| (64, 8|128, 8), ' "$B" | head -2 | while IFS= read -r l; do note "8-head (| shape | parts | us | TFLOP/s | %GEMM | GB/s | %copy |...): $(cut -d'|' -f1-8 <<<"$l")"; done
     note "A/B vs forced baseline split (us; b2b: per call of 20 in one CUDA graph): $(ab_note "$B")"
-fi
-# the narrow experiment (dev/cuda/verify_attn_sm90_narrow.cu: calls of <= 16 rows with S^T and O^T, N = 16):
-# its check against the shipped kernel and the CPU reference, then its times beside the shipped kernel's
-if [ -x "$NW" ]; then
-    step narrow 25 "$NW" --reps 20
-    grep -E '^FAIL' "$LOGS/narrow.log" | head -5
-    note "narrow: $(grep -E '^(PASS|FAIL)  narrow:' "$LOGS/narrow.log"); times (shape: shipped us, narrow us, ratio; graph us/call shipped, narrow): $(grep -E '^\| [0-9]' "$LOGS/narrow.log" | awk -F'|' '{for (i = 3; i <= 8; i++) gsub(/ /, "", $i); gsub(/^ +| +$/, "", $2); printf "[%s: %s %s x%s; %s %s] ", $2, $4, $5, $6, $7, $8}')"
 fi
 if [ "$main_ok" = 1 ]; then
     step bench_main 25 "$BM" --small --reps 20 --no-fallback --no-sweep --kernels 1 --out "$OUT/bench_verify_attn_main.md"

@@ -1,4 +1,4 @@
-/* Harness pieces shared by the verify_attn sm90 experiments in dev/cuda/ (seesaw, narrow): random
+/* Harness pieces for the verify_attn sm90 experiments in dev/cuda/ (the seesaw's): random
  * paged inputs on the device with NaN in every cache row past kv_len, the shipped kernel's run, the
  * library's CPU reference, output distances. Included after the library's tile header. */
 #pragma once
@@ -54,10 +54,9 @@ struct Run {
     float *lse2;
 };
 
-/* Device inputs of case c; the cache holds at least cap keys per request (0: the longest kv_len). */
-inline void make_case(const Case &c, Run *r, int cap = 0) {
+inline void make_case(const Case &c, Run *r) {
     memset(r, 0, sizeof *r);
-    const int nmax = c.prefix + c.Q, MB = (std::max(nmax, cap) + c.BS - 1) / c.BS, NB = c.B * MB;
+    const int nmax = c.prefix + c.Q, MB = (nmax + c.BS - 1) / c.BS, NB = c.B * MB;
     const size_t q_n = (size_t)c.B * c.Q * c.H * kDqk, kv_n = (size_t)NB * c.BS * kDqk, rows = (size_t)c.B * c.Q * c.H;
     kdt_verify_attn_params *p = &r->p;
     void *q, *kv, *o;
