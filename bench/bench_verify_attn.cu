@@ -3,20 +3,19 @@
  *
  *   build/bench/bench_verify_attn [--reps 50] [--out docs/perf/verify_attn_sm90_results.md]
  *                                 [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I]
- *                                 [--kernels 1,3] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]
+ *                                 [--kernels 1,2] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]
  *
  * Inputs: bf16, paged cache of block size 64 with a shuffled block table, kv_len = prefix + Q,
  * tree mask from random trees, sm_scale 0.13086. Each time is the median of --reps runs timed
  * with CUDA events, the L2 flushed (a 256 MB memset) before each run. Per shape it prints the
  * times of the listed kernels (verify_attn_sm90.h: 0 auto, what the library runs and the table's
- * main column: narrow for at most 16 rows, else TMA; 1 TMA; 2 cp.async, the fallback for block sizes
- * TMA cannot describe; 3 narrow; by default 0, 1 and 2; --kernels names others, 0 and 2 are always
- * added) with the scheduler's split; the general CUDA kernel (kdt_verify_attn_cuda with
+ * main column, TMA here; 1 TMA; 2 cp.async, the fallback for block sizes TMA cannot describe; by
+ * default 0, 1 and 2; --kernels names others, 0 and 2 are always added) with the scheduler's split; the general CUDA kernel (kdt_verify_attn_cuda with
  * $KDT_VA_SM90=0; fewer runs); a sweep of forced split counts of the auto kernel (--parts sets the
  * list; the chosen count and its neighbours within 2 are always in it; each with its GB/s: the 8-head
  * shapes are bandwidth-bound); and a cross-check (not the test): one more run of each kernel into a
  * NaN-poisoned o, compared with the cp.async kernel's (relative L2, max |d|, elements that differ,
- * NaN; TMA and cp.async accumulate in the same order and match bit for bit, narrow does not).
+ * NaN; the kernels accumulate in the same order and match bit for bit).
  * dev/cuda/ holds the experiments that are not in the library (ping-pong schedule).
  * Ceilings: a bf16 cuBLAS GEMM 8192^3 (TFLOP/s) and a 1 GiB device-to-device copy (read + write).
  * --shape I runs only the I-th shape (0-based), e.g. under ncu; --small adds the small model's decode
@@ -213,7 +212,7 @@ Diff compare(const uint16_t *a, const uint16_t *b, size_t n) {
     return d;
 }
 
-const char *kKernelNames[] = {"auto", "tma", "cp.async", "narrow"}; /* by kdt_va_sm90_kernel */
+const char *kKernelNames[] = {"auto", "tma", "cp.async"}; /* by kdt_va_sm90_kernel */
 
 /* One run of a kernel into o poisoned with NaN; its output to host (n elements). */
 void checked_run(Inputs &in, int kernel, uint16_t *host, size_t n) {
@@ -309,11 +308,11 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[a], "--kernels") && a + 1 < argc) {
             nvl = 0;
             for (char *t = strtok(argv[++a], ","); t && nvl < 2; t = strtok(NULL, ","))
-                if (atoi(t) >= KDT_VA_SM90_AUTO && atoi(t) <= KDT_VA_SM90_NARROW) vlist[nvl++] = atoi(t);
+                if (atoi(t) >= KDT_VA_SM90_AUTO && atoi(t) <= KDT_VA_SM90_CP_ASYNC) vlist[nvl++] = atoi(t);
         }
         else {
             fprintf(stderr, "usage: %s [--reps N] [--out FILE.md] [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I] "
-                            "[--kernels 1,3] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]\n",
+                            "[--kernels 1,2] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]\n",
                     argv[0]);
             return 2;
         }

@@ -6,8 +6,8 @@
 # racecheck of its --quick cases; the bench on the issue's 7 shapes and the small decode / verify
 # shapes (--small: 4 heads, a few keys of a 2048-key cache) with the split sweep (chosen vs best forced
 # split, GB/s against the copy ceiling) and the baseline split; main's binary on the same shapes; ncu
-# (tensor pipe, DRAM throughput, occupancy, L2) on 128,8,9,16384 and on 1,4,1,256 (the narrow kernel, new:
-# calls of <= 16 rows); ncu of the seesaw experiment beside the shipped kernel.
+# (tensor pipe, DRAM throughput, occupancy, L2) on 128,8,9,16384 and on 1,4,1,256; ncu of the seesaw
+# experiment beside the shipped kernel (tensor pipe, warp stall reasons).
 # One "## " line per step, printed again at the end; logs in $OUT/logs, tables in $OUT.
 set -u
 cd "$(dirname "$0")/.."
@@ -105,7 +105,14 @@ if [ "$main_ok" = 1 ]; then
 fi
 
 # 3. ncu: the 8-head bandwidth-bound shape and the small decode shape
-avail="" metrics=gpu__time_duration.sum
+avail="" metrics=gpu__time_duration.sum tensor=""
+ncu_step() { # NAME LIMIT ARGS...: ncu with $metrics$tensor$extra, again without $tensor if ncu refuses a name
+    local name=$1 limit=$2; shift 2
+    step "$name" "$limit" ncu --clock-control none --metrics "$metrics$tensor${extra:-}" "$@"
+    if grep -q '==ERROR==' "$LOGS/$name.log" && [ -n "$tensor" ]; then
+        step "$name" "$limit" ncu --clock-control none --metrics "$metrics${extra:-}" "$@"
+    fi
+}
 if command -v ncu >/dev/null; then
     avail=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}')
     for m in sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active dram__throughput.avg.pct_of_peak_sustained_elapsed \
@@ -113,12 +120,16 @@ if command -v ncu >/dev/null; then
              sm__throughput.avg.pct_of_peak_sustained_elapsed; do
         grep -qx "${m%%.*}" <<<"$avail" && metrics+=",$m"
     done
+    # the tensor pipe's name differs between ncu versions: whichever sm__pipe_tensor*cycles_active it lists
+    tensor=""
+    for m in $(sed 's/\..*//' <<<"$avail" | grep -E '^sm__pipe_tensor[a-z_]*cycles_active$' | sort -u | head -3); do
+        [[ ",$metrics," == *",$m."* ]] || tensor+=",$m.avg.pct_of_peak_sustained_active"
+    done
 fi
 if command -v ncu >/dev/null && [ -x "$BV" ]; then
     for sh in 6 9; do
-        step ncu_shape$sh 12 ncu --clock-control none --metrics "$metrics" -k 'regex:va_sm90' -c 2 \
-            "$BV" --small --shape $sh --reps 1 --no-fallback --no-sweep --kernels 1
-        note "ncu shape $sh: $(grep -E 'va_sm90|duration|pct|bytes|hit_rate' "$LOGS/ncu_shape$sh.log" | awk '/va_sm90/ {printf "{%s} ", $1; next} {printf "%s=%s %s ", $1, $NF, $(NF-1)}')"
+        extra="" ncu_step ncu_shape$sh 12 -k 'regex:va_sm90' -c 2 "$BV" --small --shape $sh --reps 1 --no-fallback --no-sweep --kernels 1
+        note "ncu shape $sh: $(grep -E 'va_sm90|duration|pct|bytes|hit_rate|tensor' "$LOGS/ncu_shape$sh.log" | awk '/==PROF==/ {next} /va_sm90/ {printf "{%s} ", ($0 ~ /combine/ ? "combine" : "main"); next} {printf "%s=%s %s ", $1, $NF, $(NF-1)}')"
     done
 fi
 
@@ -130,8 +141,8 @@ if command -v ncu >/dev/null && [ -x "$SS" ]; then
         m=smsp__warp_issue_stalled_${r}_per_warp_active
         grep -qx "$m" <<<"$avail" && stalls+=",$m.pct"
     done
-    step ncu_seesaw 20 ncu --clock-control none --metrics "$metrics$stalls" -k 'regex:va_sm90_kernel|seesaw_kernel' -c 2 "$SS" --check-only --shape 0
-    note "ncu shipped vs seesaw (1,64,33,32768): $(grep -E 'va_sm90_kernel|seesaw_kernel|duration|tensor|stalled' "$LOGS/ncu_seesaw.log" | awk '/va_sm90_kernel|seesaw_kernel/ {printf "{%s} ", ($0 ~ /seesaw/ ? "seesaw" : "shipped"); next} {sub(/smsp__warp_issue_stalled_/, "", $1); sub(/_per_warp_active.pct/, "", $1); printf "%s=%s ", $1, $NF}')"
+    extra="$stalls" ncu_step ncu_seesaw 20 -k 'regex:va_sm90_kernel|seesaw_kernel' -c 2 "$SS" --check-only --shape 0
+    note "ncu shipped vs seesaw (1,64,33,32768): $(grep -E 'va_sm90_kernel|seesaw_kernel|duration|tensor|stalled|dram__throughput' "$LOGS/ncu_seesaw.log" | awk '/==PROF==/ {next} /va_sm90_kernel|seesaw_kernel/ {printf "{%s} ", ($0 ~ /seesaw/ ? "seesaw" : "shipped"); next} {sub(/smsp__warp_issue_stalled_/, "", $1); sub(/_per_warp_active.pct/, "", $1); printf "%s=%s ", $1, $NF}')"
 fi
 
 echo

@@ -1,12 +1,12 @@
 /* The Hopper verify_attn kernel (src/cuda/sm90) against references on fresh random
  * inputs: the CPU backend (double accumulation) on every row for moderate shapes, and an f64
- * reference in this file on sampled tree rows for long prefixes. Each case runs the kernels
- * (1 TMA loads, 2 cp.async loads, 3 narrow where Q H <= 16; verify_attn_sm90.h) and the hook's choice;
+ * reference in this file on sampled tree rows for long prefixes. Each case runs both kernels
+ * (1 TMA loads, 2 cp.async loads; verify_attn_sm90.h) and the hook's choice;
  * outputs are NaN-poisoned before each run and guard bytes around them are checked after. Cache
  * rows that hold no key of a request (past kv_len, spare blocks) are NaN, so a kernel that lets
  * them into a result (P = 0 times NaN) fails.
  *
- *   build/tests/test_verify_attn_fast [--seed N] [--quick] [--kernels 2,1,3,0]   (KDT_SEED=N replays)
+ *   build/tests/test_verify_attn_fast [--seed N] [--quick] [--kernels 2,1,0]   (KDT_SEED=N replays)
  *
  * --quick runs six small cases (for compute-sanitizer); --kernels picks the kernels to run,
  * in order (0: the hook). A fault that loses the CUDA context ends the run with a FAIL line
@@ -351,7 +351,7 @@ Verdict judge(const Case &c, const Ref &ref, const uint16_t *o, const float *lse
     return v;
 }
 
-const char *kKernelNames[] = {"hook", "tma", "cp.async", "narrow"}; /* by kdt_va_sm90_kernel; 0: the hook */
+const char *kKernelNames[] = {"hook", "tma", "cp.async"}; /* by kdt_va_sm90_kernel; 0: the hook */
 
 /* Runs one kernel (0: the hook, kdt_verify_attn_sm90) and compares with the reference. */
 void run_kernel(const Case &c, const Ref &ref, Dev *d, int kernel, int no_pdl) {
@@ -407,7 +407,7 @@ void run_kernel(const Case &c, const Ref &ref, Dev *d, int kernel, int no_pdl) {
     free(o_buf), free(lse_buf);
 }
 
-int kernels[4] = {KDT_VA_SM90_CP_ASYNC, KDT_VA_SM90_TMA, KDT_VA_SM90_NARROW, 0}, n_kernels = 4;
+int kernels[3] = {KDT_VA_SM90_CP_ASYNC, KDT_VA_SM90_TMA, 0}, n_kernels = 3;
 
 void run_case(const Case &c) {
     Inputs in;
@@ -416,12 +416,10 @@ void run_case(const Case &c) {
     memset(&ref, 0, sizeof ref);
     Dev d;
     if (make_ref(c, in, &ref) && to_device(in, &d)) {
-        const int narrow = c.Q * c.H <= 16; /* narrow asked of more rows runs TMA: not again */
-        for (int k = 0; k < n_kernels; k++)
-            if (kernels[k] != KDT_VA_SM90_NARROW || narrow) run_kernel(c, ref, &d, kernels[k], 0);
+        for (int k = 0; k < n_kernels; k++) run_kernel(c, ref, &d, kernels[k], 0);
         if (c.parts > 1) /* the kernels without programmatic launch */
             for (int k = 0; k < n_kernels; k++)
-                if (kernels[k] != 0 && (kernels[k] != KDT_VA_SM90_NARROW || narrow)) run_kernel(c, ref, &d, kernels[k], 1);
+                if (kernels[k] != 0) run_kernel(c, ref, &d, kernels[k], 1);
         free_device(&d);
     }
     free_ref(&ref);
@@ -454,8 +452,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--quick")) quick = 1;
         else if (!strcmp(argv[a], "--kernels") && a + 1 < argc) {
             n_kernels = 0;
-            for (char *t = strtok(argv[++a], ","); t && n_kernels < 4; t = strtok(NULL, ","))
-                if (atoi(t) >= 0 && atoi(t) <= KDT_VA_SM90_NARROW) kernels[n_kernels++] = atoi(t);
+            for (char *t = strtok(argv[++a], ","); t && n_kernels < 3; t = strtok(NULL, ","))
+                if (atoi(t) >= 0 && atoi(t) <= KDT_VA_SM90_CP_ASYNC) kernels[n_kernels++] = atoi(t);
         }
     }
     int n_dev = 0, major = 0;
@@ -477,7 +475,7 @@ int main(int argc, char **argv) {
     const Case quick_cases[] = {
         {"small_paged64", 2, 16, 17, 60, 200, 64, 1.f, kimi, 1, 0, 0, 0},
         {"decode_b8_h4_big_cache", 8, 4, 1, 1, 700, 64, 2.f, kimi, 0, 0, 0, 32},
-        {"narrow_q4_h4_tree", 3, 4, 4, 0, 300, 64, 2.f, kimi, 1, 0, 0, 0},
+        {"few_rows_q4_h4_tree", 3, 4, 4, 0, 300, 64, 2.f, kimi, 1, 0, 0, 0},
         {"no_prefix_fill", 3, 8, 9, 0, 1, 64, 1.f, kimi, 1, 0, 0, 0},
         {"split_forced", 3, 16, 9, 100, 700, 64, 2.f, kimi, 1, 0, 5, 0},
         {"odd_tiles_bs16", 2, 64, 9, 100, 300, 16, 2.f, kimi, 1, 0, 3, 0},
@@ -509,12 +507,12 @@ int main(int argc, char **argv) {
         {"verify_h4_q16_big_cache", 1, 4, 16, 10, 300, 64, 2.f, kimi, 1, 0, 0, 32},
         {"decode_b8_h4_big_cache", 8, 4, 1, 1, 700, 64, 2.f, kimi, 0, 0, 0, 32},
         {"ragged_b5_big_cache_bs16", 5, 16, 9, 0, 900, 16, 2.f, kimi, 1, 0, 0, 128},
-        /* at most 16 rows: the narrow kernel (S^T, O^T) */
-        {"narrow_q4_h4_tree", 3, 4, 4, 0, 500, 64, 2.f, kimi, 1, 0, 0, 0},
-        {"narrow_q9_h1_bs16_split", 2, 1, 9, 100, 900, 16, 2.f, kimi, 1, 0, 5, 0},
-        {"narrow_q2_h8_contiguous", 2, 8, 2, 0, 400, 0, 1.f, kimi, 1, 0, 0, 0},
-        {"narrow_q16_h1_peaky", 2, 1, 16, 10, 300, 32, 3.f, 0.3f, 1, 0, 0, 0},
-        {"narrow_h8_q1_long", 2, 8, 1, 8000, 9000, 64, 2.f, kimi, 0, 0, 0, 0},
+        /* at most 16 rows (a 64-row tile mostly padding) */
+        {"few_rows_q4_h4_tree", 3, 4, 4, 0, 500, 64, 2.f, kimi, 1, 0, 0, 0},
+        {"few_rows_q9_h1_bs16_split", 2, 1, 9, 100, 900, 16, 2.f, kimi, 1, 0, 5, 0},
+        {"few_rows_q2_h8_contiguous", 2, 8, 2, 0, 400, 0, 1.f, kimi, 1, 0, 0, 0},
+        {"few_rows_q16_h1_peaky", 2, 1, 16, 10, 300, 32, 3.f, 0.3f, 1, 0, 0, 0},
+        {"few_rows_h8_q1_long", 2, 8, 1, 8000, 9000, 64, 2.f, kimi, 0, 0, 0, 0},
         {"long_h64_q33_p8192", 1, 64, 33, 8192, 8192, 64, 2.f, kimi, 0, 8, 0, 0},
         {"long_h16_q17_p8192_contig", 2, 16, 17, 8000, 8192, 0, 2.f, kimi, 1, 8, 0, 0},
         {"long_h8_q9_p16384", 4, 8, 9, 12000, 16384, 64, 2.f, kimi, 1, 8, 0, 0},

@@ -128,18 +128,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, 
                  : "l"(da), "l"(db), "r"(1));
 }
 
-#define KDT_F8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-/* d[64x16] += A[64x16] B[16x16], both in shared memory; B K-major, A K-major (kTransA 0) or
- * M-major (kTransA 1: imm-trans-a). */
-template <int kTransA>
-__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
-                 : KDT_F8
-                 : "l"(da), "l"(db), "r"(1), "n"(kTransA));
-}
-#undef KDT_F8
-
 #define KDT_D128                                                                                                \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
     "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "  \

@@ -1,8 +1,8 @@
 /* verify_attn on Hopper: the launcher behind kdt_verify_attn_sm90 (verify_attn_sm90.h). It turns
- * the op's params into the kernels' Args, picks the kernel (where the tensor maps describe the call:
- * narrow for at most 16 rows, else TMA; else cp.async) and the split (choose_parts), takes the
- * split's workspace from a pool and launches the main (or narrow) kernel, then the combine kernel
- * when the call is split. The kernels' design is in verify_attn_sm90_kernel.cu and _narrow.cu. */
+ * the op's params into the kernels' Args, picks the kernel (TMA where the tensor maps describe
+ * the call, else cp.async) and the split (choose_parts), takes the split's workspace from a pool
+ * and launches the main kernel, then the combine kernel when the call is split. The kernels'
+ * design is in verify_attn_sm90_kernel.cu. */
 #include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
 #include <limits.h>
 #include <pthread.h>
@@ -82,9 +82,7 @@ int hook_off(void) { /* $KDT_VA_SM90=0 switches the hook off (the general kernel
 
 int aligned(const void *p, uintptr_t n) { return ((uintptr_t)p % n) == 0; }
 
-const char *kernel_name(int kernel) {
-    return kernel == KDT_VA_SM90_CP_ASYNC ? "cp.async" : kernel == KDT_VA_SM90_NARROW ? "narrow" : "TMA";
-}
+const char *kernel_name(int kernel) { return kernel == KDT_VA_SM90_CP_ASYNC ? "cp.async" : "TMA"; }
 
 kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int kernel, int parts_req, int no_pdl,
                   kdt_va_sm90_info *info, int *handled) {
@@ -120,12 +118,10 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int kern
         a.lse_part = (float *)(a.o_part + slot_rows * kDv);
     }
 
-    if (kernel == KDT_VA_SM90_AUTO) kernel = KDT_VA_SM90_NARROW;
-    if (kernel == KDT_VA_SM90_NARROW && rows > kNarrowRows) kernel = KDT_VA_SM90_TMA;
-    if (kernel != KDT_VA_SM90_CP_ASYNC && !setup_tma(p, &a)) kernel = KDT_VA_SM90_CP_ASYNC;
+    if (kernel == KDT_VA_SM90_AUTO) kernel = KDT_VA_SM90_TMA;
+    if (kernel == KDT_VA_SM90_TMA && !setup_tma(p, &a)) kernel = KDT_VA_SM90_CP_ASYNC;
     int smem = 0, pdl = 0, pdl_combine = 1;
-    cudaError_t e = kernel == KDT_VA_SM90_NARROW ? launch_narrow(a, no_pdl, stream, &smem, &pdl)
-                                                 : launch_main(a, kernel == KDT_VA_SM90_TMA, m_tiles, no_pdl, stream, &smem, &pdl);
+    cudaError_t e = launch_main(a, kernel == KDT_VA_SM90_TMA, m_tiles, no_pdl, stream, &smem, &pdl);
     if (e == cudaSuccess && parts > 1) e = launch_combine(a, no_pdl, stream, &pdl_combine);
     if (ws) {
         const cudaError_t ef = cudaFreeAsync(ws, stream);
@@ -201,8 +197,8 @@ extern "C" kdt_status kdt_verify_attn_sm90_ex(const kdt_verify_attn_params *p, v
     const void *kv = p->kv_cache ? p->kv_cache : p->kv;
     if (!aligned(p->q, 16) || !aligned(kv, 16) || !aligned(p->o, 16) || !aligned(p->lse, 4)) return KDT_OK;
     const int kernel = cfg ? cfg->kernel : KDT_VA_SM90_AUTO;
-    if (kernel < KDT_VA_SM90_AUTO || kernel > KDT_VA_SM90_NARROW)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "verify_attn sm90: config kernel %d is not a kdt_va_sm90_kernel (0 .. 3)", kernel);
+    if (kernel < KDT_VA_SM90_AUTO || kernel > KDT_VA_SM90_CP_ASYNC)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "verify_attn sm90: config kernel %d is not a kdt_va_sm90_kernel (0 .. 2)", kernel);
     if (cfg && cfg->parts < 0) return kdt_fail(KDT_ERR_INVALID_ARG, "verify_attn sm90: parts %d is negative", cfg->parts);
     return launch(p, (cudaStream_t)stream, kernel, cfg ? cfg->parts : 0, cfg ? cfg->no_pdl : 0, info, handled);
 }

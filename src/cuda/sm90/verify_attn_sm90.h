@@ -10,27 +10,24 @@
 extern "C" {
 #endif
 
-/* The kernels. TMA and cp.async (verify_attn_sm90_kernel.cu) compute S = Q K^T and the softmax in
- * warpgroup 0 and O += P V in both warpgroups, by wgmma over row tiles of 64, and give bit-identical
- * outputs; they differ in how key tiles reach shared memory. Narrow (verify_attn_sm90_narrow.cu), for
- * calls of at most 16 rows (Q H), computes S^T and O^T instead (N = 16 rows), with the TMA kernel's
- * loads. docs/perf/verify_attn_sm90.md has their times. */
+/* The two kernels (verify_attn_sm90_kernel.cu). Both compute S = Q K^T and the softmax in
+ * warpgroup 0 and O += P V in both warpgroups, by wgmma, and give bit-identical outputs; they differ
+ * in how key tiles reach shared memory. docs/perf/verify_attn_sm90.md has their times. */
 typedef enum kdt_va_sm90_kernel {
-    KDT_VA_SM90_AUTO = 0,     /* narrow for Q H <= 16, else TMA, where the call fits the TMA maps; else cp.async */
+    KDT_VA_SM90_AUTO = 0,     /* TMA where the call fits it, else cp.async */
     KDT_VA_SM90_TMA = 1,      /* TMA boxes; block size 16, 32 or a multiple of 64, or contiguous */
     KDT_VA_SM90_CP_ASYNC = 2, /* 16-byte cp.async from warpgroup 1; any block size */
-    KDT_VA_SM90_NARROW = 3,   /* Q H <= 16 (else TMA), TMA loads (else cp.async) */
 } kdt_va_sm90_kernel;
 
 typedef struct kdt_va_sm90_config {
-    int kernel;  /* a kdt_va_sm90_kernel; one asked of a call it does not fit runs the next that fits */
+    int kernel;  /* a kdt_va_sm90_kernel; TMA asked of a call it does not fit runs cp.async */
     int parts;   /* 0: the scheduler chooses; else KV parts per row tile (split-KV), >= 1 */
     int no_pdl;  /* 1: launch the kernels without programmatic dependent launch */
 } kdt_va_sm90_config;
 
 /* What a call ran: for tests and the bench. */
 typedef struct kdt_va_sm90_info {
-    int kernel;             /* the kernel that ran: KDT_VA_SM90_TMA, _CP_ASYNC or _NARROW */
+    int kernel;             /* the kernel that ran: KDT_VA_SM90_TMA or KDT_VA_SM90_CP_ASYNC */
     int m_tiles;            /* row tiles of 64 (tree row, head) pairs per request */
     int parts;              /* KV parts per row tile; > 1 launches the combine kernel */
     int grid;               /* CTAs of the main kernel: m_tiles * parts */

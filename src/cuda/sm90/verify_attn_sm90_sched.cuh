@@ -53,16 +53,22 @@ static __device__ void sched_sums(const Args &a, int upto, long long *warp_sums,
     }
 }
 
+/* Scheduler constants, fitted to the H200's split sweep (docs/perf/verify_attn_sm90.md): a key tile's
+ * time, the combine's fixed cost (its launch and the partials' round trip), the rate at which partials
+ * are written and read back (mostly L2); only their ratios matter. */
+constexpr double kTileUs = 2.0, kCombineUs = 8.0, kPartialBytesPerUs = 5e6;
+constexpr int kStartTiles = 4; /* a CTA's start (schedule, first loads) and end, in key tiles */
+
 /* The parts a call really uses, from W (all positions, by the real kv_len): the host chose a.parts
- * for full caches (it does not see kv_len), so a call whose requests hold fewer keys gets as few
- * parts as keeps the host's positions per part, and never more parts than positions. A decode step
- * over a few keys of a large cache so runs in one part, or a few, and its combine has nothing to
- * merge. Forced splits (exact_parts) are kept as asked. The main and combine kernels agree on it. */
+ * for full caches (it does not see kv_len), so a call whose requests hold fewer keys keeps the
+ * host's grid (its waves) with no more parts than positions, and none of them when the split cannot
+ * pay for the combine (W (1 - 1/P) tiles saved against kCombineUs): a decode step over a few keys of
+ * a large cache runs in one part and its combine has nothing to merge. Forced splits (exact_parts)
+ * are kept as asked. The main and combine kernels agree on it. */
 __device__ __forceinline__ int part_count(const Args &a, long long W) {
     if (a.exact_parts || a.parts <= 1) return a.parts;
-    const long long w_cap = (long long)a.B * (key_tiles(a.cap) + kOverhead); /* W of full caches */
-    const long long p = (W * a.parts + w_cap - 1) / w_cap;
-    return (int)max(1LL, min(p, min((long long)a.parts, W)));
+    const int p = (int)min((long long)a.parts, W);
+    return (double)W * (1.0 - 1.0 / p) * kTileUs > kCombineUs ? p : 1;
 }
 
 /* The segments of this CTA (row tile blockIdx.x, part blockIdx.y of a.parts), in order: for each
@@ -122,11 +128,6 @@ __device__ __forceinline__ void walk_segments(const Args &a, uint8_t *smem, Seg 
         wb += nt + kOverhead;
     }
 }
-
-/* Scheduler constants: a key tile's time, the combine kernel's fixed cost, and the rate at which
- * partials are written and read back (mostly L2). Only their ratios matter. */
-constexpr double kTileUs = 2.0, kCombineUs = 3.0, kPartialBytesPerUs = 5e6;
-constexpr int kStartTiles = 3; /* a CTA's start (schedule, first loads) and end, in key tiles */
 
 /* Parts per row tile: the split with the least estimated time, counting waves of CTAs (one CTA
  * per SM), the longest part's tiles and the partials' traffic; up to 4 waves, and no more parts

@@ -20,7 +20,6 @@ constexpr int kBM = 64;            /* rows per tile */
 constexpr int kBN = 64;            /* keys per tile */
 constexpr int kThreads = 256;
 constexpr int kChunks = kDqk / 8;  /* 16-byte chunks per key row: 72 */
-constexpr int kNarrowRows = 16;   /* calls of at most this many rows (Q H) run the narrow kernel */
 constexpr int kOverhead = 2;       /* a segment's fixed cost (Q load, epilogue) in key tiles */
 constexpr int kStride = kDv + 8;   /* output staging row stride in bf16 elements */
 constexpr uint32_t kColBlock = kBM * 128;        /* one 64-dim column block of a 64-row tile */
@@ -72,8 +71,6 @@ struct Args {
  * that kernel's end. launch_combine: the merge of split requests after it. */
 cudaError_t launch_main(const Args &a, int tma, int m_tiles, int no_pdl, cudaStream_t stream, int *smem, int *pdl);
 cudaError_t launch_combine(const Args &a, int no_pdl, cudaStream_t stream, int *pdl);
-/* The narrow kernel (verify_attn_sm90_narrow.cu; a.rows <= kNarrowRows, tensor maps set up), grid (1, a.parts). */
-cudaError_t launch_narrow(const Args &a, int no_pdl, cudaStream_t stream, int *smem, int *pdl);
 
 /* kernel(a) on grid x 256 threads with smem bytes of dynamic shared memory, as above. */
 template <typename Kernel>
