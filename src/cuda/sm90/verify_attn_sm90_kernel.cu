@@ -175,10 +175,15 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
     if (kTma && threadIdx.x == 0) { /* used after the segment's first __syncthreads */
         for (int i = 0; i < 3; i++) mbar_init(sbase + kOffBarT + 8 * i, 1);
         fence_mbar_init();
+        prefetch_tensormap(&a.tm_q); /* the first loads wait on the descriptors otherwise */
+        prefetch_tensormap(&a.tm_kv);
     }
     /* Under programmatic dependent launch this CTA may run before the kernel ahead of it in the
      * stream is done: nothing in global memory is read or written before that kernel has finished. */
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    /* Request 0's first block-table line while kv_len is read: one dependent load less on short calls
+     * (part 0, and every call in one part, starts there). */
+    if (kTma && threadIdx.x == 0 && a.block_table) prefetch_l2(a.block_table);
     /* Let the combine kernel (programmatic dependent launch) start as soon as every CTA runs. */
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     walk_segments(a, smem, [&](int b, int tb, int te, int slot) {
