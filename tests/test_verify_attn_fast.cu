@@ -502,7 +502,7 @@ int main(int argc, char **argv) {
         {"parts_150_empty_parts", 5, 16, 9, 9, 300, 64, 2.f, kimi, 1, 0, 150, 0}, /* more parts than work: some empty */
         {"parts_48_one_request", 1, 16, 9, 3000, 3000, 64, 2.f, kimi, 1, 0, 48, 0}, /* > 32 parts merged into one row */
         /* a few keys of a large cache (the small model's decode and verify): the split the host chose for
-         * full caches is scaled down on the device, to one part or a few */
+         * full caches is cut on the device to the real positions, to one part where it cannot pay */
         {"decode_h4_big_cache", 1, 4, 1, 5, 300, 64, 2.f, kimi, 0, 0, 0, 32},
         {"verify_h4_q16_big_cache", 1, 4, 16, 10, 300, 64, 2.f, kimi, 1, 0, 0, 32},
         {"decode_b8_h4_big_cache", 8, 4, 1, 1, 700, 64, 2.f, kimi, 0, 0, 0, 32},
