@@ -3,22 +3,26 @@
  *
  *   build/bench/bench_verify_attn [--reps 50] [--out docs/perf/verify_attn_sm90_results.md]
  *                                 [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I]
- *                                 [--kernels 1,2] [--parts 1,2,4,...]
+ *                                 [--kernels 1,2] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]
  *
  * Inputs: bf16, paged cache of block size 64 with a shuffled block table, kv_len = prefix + Q,
  * tree mask from random trees, sm_scale 0.13086. Each time is the median of --reps runs timed
  * with CUDA events, the L2 flushed (a 256 MB memset) before each run. Per shape it prints the
- * times of the listed kernels (verify_attn_sm90.h: 1 TMA, the default and the table's main column;
- * 2 cp.async, the fallback for block sizes TMA cannot describe; 2 is always run) with the
- * scheduler's split; the general CUDA kernel (kdt_verify_attn_cuda with $KDT_VA_SM90=0; fewer
- * runs); a sweep of forced split counts of the TMA kernel (--parts sets the list; the chosen count and
- * its neighbours within 2 are always in it; each with its GB/s: the 8-head shapes are
- * bandwidth-bound); and a cross-check (not the test): one
- * more run of each kernel into a NaN-poisoned o, compared with the cp.async kernel's (relative L2,
- * max |d|, elements that differ, NaN; the two accumulate in the same order and match bit for bit).
+ * times of the listed kernels (verify_attn_sm90.h: 0 auto, what the library runs and the table's
+ * main column, TMA here; 1 TMA; 2 cp.async, the fallback for block sizes TMA cannot describe; by
+ * default 0, 1 and 2; --kernels names others, 0 and 2 are always added) with the scheduler's split; the general CUDA kernel (kdt_verify_attn_cuda with
+ * $KDT_VA_SM90=0; fewer runs); a sweep of forced split counts of the auto kernel (--parts sets the
+ * list; the chosen count and its neighbours within 2 are always in it; each with its GB/s: the 8-head
+ * shapes are bandwidth-bound); and a cross-check (not the test): one more run of each kernel into a
+ * NaN-poisoned o, compared with the cp.async kernel's (relative L2, max |d|, elements that differ,
+ * NaN; the kernels accumulate in the same order and match bit for bit).
  * dev/cuda/ holds the experiments that are not in the library (ping-pong schedule).
  * Ceilings: a bf16 cuBLAS GEMM 8192^3 (TFLOP/s) and a 1 GiB device-to-device copy (read + write).
- * --shape I runs only the I-th shape (0-based), e.g. under ncu. */
+ * --shape I runs only the I-th shape (0-based), e.g. under ncu; --small adds the small model's decode
+ * and verify calls (a few keys of a large cache) after the issue's shapes. Each shape also runs a
+ * baseline, the TMA kernel with a split forced: --base-parts' count for that shape (in the order run;
+ * the previous commit's choices), else the chosen count unscaled, as the host picked it for full
+ * caches: main's kernel and schedule. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,12 +40,18 @@ namespace {
 
 struct Shape {
     int B, H, Q, prefix;
-    double flashmla_us; /* FlashMLA's own table: dense decode, no tree mask, kernel + combine */
+    double flashmla_us; /* FlashMLA's own table: dense decode, no tree mask, kernel + combine; 0: none */
+    int cap;            /* keys the cache holds per request; 0: kv_len rounded up to a block */
 };
 const Shape kShapes[] = {
-    {1, 64, 33, 32768, 218}, {16, 64, 17, 4096, 258}, {32, 64, 9, 8192, 477}, {1, 64, 257, 8192, 418},
-    {2, 16, 17, 2048, 24},   {64, 8, 17, 8192, 322},  {128, 8, 9, 16384, 830},
+    {1, 64, 33, 32768, 218, 0}, {16, 64, 17, 4096, 258, 0}, {32, 64, 9, 8192, 477, 0}, {1, 64, 257, 8192, 418, 0},
+    {2, 16, 17, 2048, 24, 0},   {64, 8, 17, 8192, 322, 0},  {128, 8, 9, 16384, 830, 0},
+    /* --small: the shipped small model's calls (4 heads; decode Q = 1, verify Q = 16) over a few keys of
+     * a cache of 2048 (its max_len), as the forward passes them (issue 21) */
+    {1, 4, 1, 16, 0, 2048},     {1, 4, 1, 64, 0, 2048},     {1, 4, 1, 256, 0, 2048},    {1, 4, 16, 64, 0, 2048},
+    {1, 4, 16, 256, 0, 2048},   {8, 4, 1, 256, 0, 2048},
 };
+constexpr int kIssueShapes = 7;
 constexpr int kDqk = 576, kDv = 512, kBS = 64;
 
 __global__ void fill_bf16(__nv_bfloat16 *x, size_t n, uint64_t seed, float amp) {
@@ -137,7 +147,7 @@ struct Inputs {
 
 void make_inputs(const Shape &s, Inputs *in) {
     memset(in, 0, sizeof *in);
-    const int n = s.prefix + s.Q, MB = (n + kBS - 1) / kBS, NB = s.B * MB;
+    const int n = s.prefix + s.Q, MB = ((n > s.cap ? n : s.cap) + kBS - 1) / kBS, NB = s.B * MB;
     const size_t q_n = (size_t)s.B * s.Q * s.H * kDqk, kv_n = (size_t)NB * kBS * kDqk, rows = (size_t)s.B * s.Q * s.H;
     CK(cudaMalloc(&in->q, q_n * 2));
     CK(cudaMalloc(&in->kv, kv_n * 2));
@@ -226,6 +236,34 @@ double run_sm90(Bench &bn, Inputs &in, int kernel, int parts, int reps, kdt_va_s
     return time_us(bn, reps, [&] { KCK(kdt_verify_attn_sm90_ex(&in.p, NULL, &cfg, NULL, &handled)); });
 }
 
+/* Per call (us) of kBackToBack calls in a row, captured in one CUDA graph and replayed, as a model
+ * step's graph runs them: no host work between calls, launches overlapping the previous call's end
+ * (programmatic dependent launch), q and the cache warm in L2 after the first call. NaN when the
+ * capture fails. */
+constexpr int kBackToBack = 20;
+double graph_us(Bench &bn, Inputs &in, int kernel, int parts, int reps) {
+    kdt_va_sm90_config cfg = {kernel, parts, 0};
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st)); /* blocking: ordered with the events and flushes on stream 0 */
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    int ok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    for (int i = 0; ok && i < kBackToBack; i++) {
+        int handled = 0;
+        ok = kdt_verify_attn_sm90_ex(&in.p, st, &cfg, NULL, &handled) == KDT_OK && handled;
+    }
+    const cudaError_t ec = cudaStreamEndCapture(st, &g);
+    ok = ok && ec == cudaSuccess && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess && cudaGraphLaunch(ge, st) == cudaSuccess &&
+         cudaStreamSynchronize(st) == cudaSuccess;
+    double us = NAN;
+    if (ok) us = time_us(bn, reps, [&] { CK(cudaGraphLaunch(ge, st)); }) / kBackToBack;
+    else fprintf(stderr, "graph capture of the calls failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(st);
+    return us;
+}
+
 double torch_us(const char *csv, const Shape &s) { /* bench/torch_sdpa_verify.py's CSV: B,H,Q,prefix,us */
     if (!csv) return NAN;
     FILE *f = fopen(csv, "r");
@@ -245,10 +283,11 @@ double torch_us(const char *csv, const Shape &s) { /* bench/torch_sdpa_verify.py
 } // namespace
 
 int main(int argc, char **argv) {
-    int reps = 50, fallback = 1, sweep = 1, only = -1;
+    int reps = 50, fallback = 1, sweep = 1, only = -1, small = 0;
+    int base_parts[32] = {}, nbase = 0; /* --base-parts: per shape run, the baseline's split (0: the chosen one) */
     int cand[64] = {1, 2, 3, 4, 6, 8, 12, 16, 20, 26, 33, 44, 66, 132}, ncand = 14; /* forced split counts */
-    const int vref = KDT_VA_SM90_CP_ASYNC, vdef = KDT_VA_SM90_TMA; /* the cross-check's reference; the main column */
-    int vlist[2] = {vdef, vref}, nvl = 2;                             /* kernels timed */
+    const int vref = KDT_VA_SM90_CP_ASYNC, vdef = KDT_VA_SM90_AUTO; /* the cross-check's reference; the main column */
+    int vlist[4] = {vdef, KDT_VA_SM90_TMA, vref}, nvl = 3;           /* kernels timed */
     const char *out = NULL, *csv = NULL, *torch_csv = NULL;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--reps") && a + 1 < argc) reps = atoi(argv[++a]);
@@ -258,6 +297,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--no-fallback")) fallback = 0;
         else if (!strcmp(argv[a], "--no-sweep")) sweep = 0;
         else if (!strcmp(argv[a], "--shape") && a + 1 < argc) only = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--small")) small = 1;
+        else if (!strcmp(argv[a], "--base-parts") && a + 1 < argc) {
+            for (char *t = strtok(argv[++a], ","); t && nbase < 32; t = strtok(NULL, ",")) base_parts[nbase++] = atoi(t);
+        }
         else if (!strcmp(argv[a], "--parts") && a + 1 < argc) {
             ncand = 0;
             for (char *t = strtok(argv[++a], ","); t && ncand < 48; t = strtok(NULL, ","))
@@ -265,11 +308,11 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[a], "--kernels") && a + 1 < argc) {
             nvl = 0;
             for (char *t = strtok(argv[++a], ","); t && nvl < 2; t = strtok(NULL, ","))
-                if (atoi(t) >= KDT_VA_SM90_TMA && atoi(t) <= KDT_VA_SM90_CP_ASYNC) vlist[nvl++] = atoi(t);
+                if (atoi(t) >= KDT_VA_SM90_AUTO && atoi(t) <= KDT_VA_SM90_CP_ASYNC) vlist[nvl++] = atoi(t);
         }
         else {
             fprintf(stderr, "usage: %s [--reps N] [--out FILE.md] [--csv FILE] [--torch-csv FILE] [--no-fallback] [--no-sweep] [--shape I] "
-                            "[--kernels 1,2] [--parts 1,2,4,...]\n",
+                            "[--kernels 1,2] [--parts 1,2,4,...] [--small] [--base-parts P0,P1,...]\n",
                     argv[0]);
             return 2;
         }
@@ -322,22 +365,28 @@ int main(int argc, char **argv) {
     if (csv && !fc) fprintf(stderr, "cannot write %s\n", csv);
     if (fc) {
         fprintf(fc, "B,H,Q,prefix,kv_len,parts,kernel,us,tflops,pct_gemm,gbs,pct_copy,flashmla_us,");
-        for (int k = 0; k < nvl; k++) fprintf(fc, "us_%s,", vlist[k] == vref ? "cp_async" : "tma"); /* plot_verify_attn.py's names */
+        for (int k = 0; k < nvl; k++) fprintf(fc, "us_%s,", vlist[k] == vref ? "cp_async" : kKernelNames[vlist[k]]); /* plot_verify_attn.py's names */
         fprintf(fc, "us_fallback,us_torch,best_parts,best_parts_us,gemm_tflops,copy_gbs\n");
     }
 
+    char ab_tab[4096] = "| B, H, Q, prefix (cache) | chosen parts | us | baseline parts (forced) | us | chosen / baseline | "
+                        "in a graph, us per call: chosen | baseline |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    size_t al = strlen(ab_tab);
+    int run_i = 0;
     for (int si = 0; si < (int)(sizeof kShapes / sizeof *kShapes); si++) {
-        if (only >= 0 && si != only) continue;
+        if (only >= 0 ? si != only : si >= kIssueShapes && !small) continue;
         const Shape &s = kShapes[si];
+        const int base_req = run_i < nbase ? base_parts[run_i] : 0;
+        run_i++;
         Inputs in;
         make_inputs(s, &in);
         const int n = s.prefix + s.Q;
         const double flops = 2.0 * s.B * s.H * s.Q * (double)n * (kDqk + kDv);
         const double bytes = (double)s.B * n * kDqk * 2 + (double)s.B * s.Q * s.H * (kDqk + kDv) * 2;
         const size_t o_n = (size_t)s.B * s.Q * s.H * kDv;
-        double t[3] = {};
-        kdt_va_sm90_info info[3];
-        uint16_t *out[3] = {};
+        double t[4] = {};
+        kdt_va_sm90_info info[4];
+        uint16_t *out[4] = {};
         printf("B=%d H=%d Q=%d prefix=%d:", s.B, s.H, s.Q, s.prefix);
         for (int k = 0; k < nvl; k++) {
             const int v = vlist[k];
@@ -347,7 +396,7 @@ int main(int argc, char **argv) {
             checked_run(in, v, out[v], o_n);
             printf("  %s %.1f us (ran %s)", kKernelNames[v], t[v], kKernelNames[info[v].kernel]);
         }
-        Diff d[3];
+        Diff d[4];
         for (int k = 0; k < nvl; k++) d[vlist[k]] = compare(out[vlist[k]], out[vref], o_n);
         const kdt_va_sm90_info &id = info[vdef];
         const double tm = t[vdef];
@@ -393,14 +442,29 @@ int main(int argc, char **argv) {
                                    s.B, s.H, s.Q, s.prefix, id.parts, tm, bytes / tm / 1e3, 100 * bytes / tm / 1e3 / copy, best_p, best_t,
                                    bytes / best_t / 1e3, tm / best_t);
         }
+        /* The baseline: a split forced as given (--base-parts: the previous commit's choice), else the
+         * chosen count forced exactly, i.e. not scaled to kv_len on the device as the chosen split is. */
+        const int bp = base_req > 0 ? base_req : id.parts;
+        const double t_base = run_sm90(bn, in, KDT_VA_SM90_TMA, bp, reps, NULL);
+        printf("  baseline: %d parts forced %.1f us; chosen / baseline %.3f\n", bp, t_base, tm / t_base);
+        char b2b[64] = "- | -";
+        if (si >= kIssueShapes) { /* the small calls: what a step of the model pays for them */
+            const double c = graph_us(bn, in, KDT_VA_SM90_AUTO, 0, reps), cb = graph_us(bn, in, KDT_VA_SM90_TMA, bp, reps);
+            printf("  in a graph (%d calls back to back): chosen %.2f us per call, baseline %.2f\n", kBackToBack, c, cb);
+            snprintf(b2b, sizeof b2b, "%.2f | %.2f", c, cb);
+        }
+        al += (size_t)snprintf(ab_tab + al, sizeof ab_tab - al, "| %d, %d, %d, %d (%d) | %d | %.1f | %d | %.1f | %.3f | %s |\n", s.B, s.H,
+                               s.Q, s.prefix, in.p.MB * kBS, id.parts, tm, bp, t_base, tm / t_base, b2b);
         const double tt = torch_us(torch_csv, s);
         const double target = s.B == 2 && s.H == 16 ? s.flashmla_us : 1.4 * s.flashmla_us;
-        char fb_s[32] = "-", tt_s[32] = "-";
+        char fb_s[32] = "-", tt_s[32] = "-", fm_s[64] = "- | - | -";
         if (fallback) snprintf(fb_s, sizeof fb_s, "%.0f", tf);
         if (!isnan(tt)) snprintf(tt_s, sizeof tt_s, "%.0f", tt);
-        ROW("| %d, %d, %d, %d | %d | %.1f | %.0f | %.0f%% | %.0f | %.0f%% | %.0f | %.2fx | %s (<= %.0f) |", s.B, s.H, s.Q, s.prefix,
-            id.parts, tm, flops / tm / 1e6, 100 * flops / tm / 1e6 / gemm, bytes / tm / 1e3, 100 * bytes / tm / 1e3 / copy,
-            s.flashmla_us, tm / s.flashmla_us, tm <= target ? "met" : "MISSED", target);
+        if (s.flashmla_us > 0)
+            snprintf(fm_s, sizeof fm_s, "%.0f | %.2fx | %s (<= %.0f)", s.flashmla_us, tm / s.flashmla_us, tm <= target ? "met" : "MISSED",
+                     target);
+        ROW("| %d, %d, %d, %d | %d | %.1f | %.0f | %.0f%% | %.0f | %.0f%% | %s |", s.B, s.H, s.Q, s.prefix, id.parts, tm,
+            flops / tm / 1e6, 100 * flops / tm / 1e6 / gemm, bytes / tm / 1e3, 100 * bytes / tm / 1e3 / copy, fm_s);
         for (int k = 0; k < nvl; k++) ROW(" %.1f |", t[vlist[k]]);
         ROW(" %s | %s | %d (%.1f) |", fb_s, tt_s, best_p, best_t);
         for (int k = 0; k < nvl; k++)
@@ -416,6 +480,8 @@ int main(int argc, char **argv) {
     }
     printf("\n%s\n", table);
     if (sweep) printf("split sweep (forced parts at min(reps, 10) runs; bytes = KV once + q + o):\n\n%s\n", sweep_tab);
+    printf("A/B (chosen split, scaled to kv_len on the device, against the baseline split forced; %d runs each; in a graph: %d calls "
+           "back to back in one CUDA graph):\n\n%s\n", reps, kBackToBack, ab_tab);
     if (fc) fclose(fc);
     if (out) {
         FILE *f = fopen(out, "w");
@@ -427,6 +493,7 @@ int main(int argc, char **argv) {
                    "Ceilings in this run: bf16 GEMM %.0f TFLOP/s, device copy %.0f GB/s.\n\n%s",
                 prop.name, prop.major, prop.minor, prop.multiProcessorCount, date, reps, cmd, gemm, copy, table);
         if (sweep) fprintf(f, "\nSplit sweep (forced parts at min(reps, 10) runs):\n\n%s", sweep_tab);
+        fprintf(f, "\nA/B (chosen split against the baseline split forced):\n\n%s", ab_tab);
         fclose(f);
     }
     cudaFree(bn.flush);

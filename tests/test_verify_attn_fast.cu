@@ -8,7 +8,7 @@
  *
  *   build/tests/test_verify_attn_fast [--seed N] [--quick] [--kernels 2,1,0]   (KDT_SEED=N replays)
  *
- * --quick runs three small cases (for compute-sanitizer); --kernels picks the kernels to run,
+ * --quick runs six small cases (for compute-sanitizer); --kernels picks the kernels to run,
  * in order (0: the hook). A fault that loses the CUDA context ends the run with a FAIL line
  * naming the kernel and case, since nothing after it could run. Without a device of compute
  * capability 9.x it prints one SKIP line. Tolerances: o relative L2 <= 1e-2 against
@@ -64,6 +64,7 @@ struct Case {
     int fill;                 /* 1: some requests have fewer tree nodes than Q - 1 (fill rows) */
     int sample_rows;          /* 0: CPU backend on every row; else this many sampled tree rows, f64 here */
     int parts;                /* forced split count, 0: scheduler */
+    int cap_blocks;           /* paged: blocks per request at least this (a cache far larger than kv_len), 0: kv_len's */
 };
 
 /* Host inputs of one case; the mask comes from random trees (parent below child). */
@@ -91,7 +92,8 @@ void make_inputs(const Case &c, Inputs *in) {
     in->q = (uint16_t *)malloc(in->q_n * 2);
     for (size_t i = 0; i < in->q_n; i++) in->q[i] = f2bf(rnd_unit() * c.q_amp);
     if (c.BS > 0) { /* paged: blocks of all requests shuffled through the cache, plus spare blocks */
-        const int MB = (max_len + c.BS - 1) / c.BS + rnd_int(0, 1);
+        int MB = (max_len + c.BS - 1) / c.BS + rnd_int(0, 1);
+        if (MB < c.cap_blocks) MB = c.cap_blocks;
         const int NB = c.B * MB + 3;
         int *perm = (int *)malloc(sizeof(int) * NB);
         for (int i = 0; i < NB; i++) perm[i] = i;
@@ -415,7 +417,7 @@ void run_case(const Case &c) {
     Dev d;
     if (make_ref(c, in, &ref) && to_device(in, &d)) {
         for (int k = 0; k < n_kernels; k++) run_kernel(c, ref, &d, kernels[k], 0);
-        if (c.parts > 1) /* the combine kernel without programmatic launch */
+        if (c.parts > 1) /* the kernels without programmatic launch */
             for (int k = 0; k < n_kernels; k++)
                 if (kernels[k] != 0) run_kernel(c, ref, &d, kernels[k], 1);
         free_device(&d);
@@ -469,39 +471,53 @@ int main(int argc, char **argv) {
     check_declines();
 
     const float kimi = 0.13086f;
-    /* name, B, H, Q, prefix lo..hi, BS (0 contiguous), q_amp, scale, fill, sample_rows, parts */
+    /* name, B, H, Q, prefix lo..hi, BS (0 contiguous), q_amp, scale, fill, sample_rows, parts, cap_blocks */
     const Case quick_cases[] = {
-        {"small_paged64", 2, 16, 17, 60, 200, 64, 1.f, kimi, 1, 0, 0},
-        {"no_prefix_fill", 3, 8, 9, 0, 1, 64, 1.f, kimi, 1, 0, 0},
-        {"split_forced", 3, 16, 9, 100, 700, 64, 2.f, kimi, 1, 0, 5},
-        {"odd_tiles_bs16", 2, 64, 9, 100, 300, 16, 2.f, kimi, 1, 0, 3},
+        {"small_paged64", 2, 16, 17, 60, 200, 64, 1.f, kimi, 1, 0, 0, 0},
+        {"decode_b8_h4_big_cache", 8, 4, 1, 1, 700, 64, 2.f, kimi, 0, 0, 0, 32},
+        {"few_rows_q4_h4_tree", 3, 4, 4, 0, 300, 64, 2.f, kimi, 1, 0, 0, 0},
+        {"no_prefix_fill", 3, 8, 9, 0, 1, 64, 1.f, kimi, 1, 0, 0, 0},
+        {"split_forced", 3, 16, 9, 100, 700, 64, 2.f, kimi, 1, 0, 5, 0},
+        {"odd_tiles_bs16", 2, 64, 9, 100, 300, 16, 2.f, kimi, 1, 0, 3, 0},
     };
     const Case cases[] = {
-        {"seed_h16_p2048", 2, 16, 17, 2048, 2048, 64, 1.f, kimi, 0, 0, 0},
-        {"h64_p128", 1, 64, 33, 128, 128, 64, 2.f, kimi, 0, 0, 0},
-        {"no_prefix_fill", 3, 8, 9, 0, 1, 64, 1.f, kimi, 1, 0, 0},
-        {"h128_ragged", 2, 128, 9, 1, 300, 64, 2.f, kimi, 1, 0, 0},
-        {"q257_h8", 1, 8, 257, 0, 64, 64, 1.f, kimi, 0, 0, 0},
-        {"q257_h128_fill", 1, 128, 257, 0, 40, 64, 2.f, kimi, 1, 12, 0},
-        {"q1_h16", 4, 16, 1, 1, 1000, 64, 3.f, kimi, 0, 0, 0},
-        {"peaky_scale", 2, 16, 17, 100, 400, 64, 3.f, 0.3f, 1, 0, 0},
-        {"paged_bs16", 3, 16, 9, 10, 500, 16, 1.f, kimi, 1, 0, 0},
-        {"paged_bs128", 2, 8, 33, 10, 600, 128, 1.f, kimi, 1, 0, 0},
-        {"paged_bs8_no_tma", 2, 16, 9, 10, 300, 8, 1.f, kimi, 1, 0, 0}, /* the TMA kernel hands this to cp.async */
-        {"paged_bs32_split", 3, 32, 17, 50, 900, 32, 2.f, kimi, 1, 0, 4},
-        {"one_tile_segments", 6, 16, 5, 0, 200, 64, 2.f, kimi, 1, 0, 13},
-        {"contiguous", 3, 16, 17, 10, 600, 0, 1.f, kimi, 1, 0, 0},
-        {"parts_1", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 1},
-        {"parts_3", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 3},
-        {"parts_7", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 7},
-        {"parts_40", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 40},
-        {"parts_150_empty_parts", 5, 16, 9, 9, 300, 64, 2.f, kimi, 1, 0, 150}, /* more parts than work: some empty */
-        {"parts_48_one_request", 1, 16, 9, 3000, 3000, 64, 2.f, kimi, 1, 0, 48}, /* > 32 parts merged into one row */
-        {"long_h64_q33_p8192", 1, 64, 33, 8192, 8192, 64, 2.f, kimi, 0, 8, 0},
-        {"long_h16_q17_p8192_contig", 2, 16, 17, 8000, 8192, 0, 2.f, kimi, 1, 8, 0},
-        {"long_h8_q9_p16384", 4, 8, 9, 12000, 16384, 64, 2.f, kimi, 1, 8, 0},
-        {"bench_h64_q17_p4096", 16, 64, 17, 4096, 4096, 64, 2.f, kimi, 0, 8, 0},
-        {"bench_h64_q257_p8192", 1, 64, 257, 8192, 8192, 64, 2.f, kimi, 0, 6, 0},
+        {"seed_h16_p2048", 2, 16, 17, 2048, 2048, 64, 1.f, kimi, 0, 0, 0, 0},
+        {"h64_p128", 1, 64, 33, 128, 128, 64, 2.f, kimi, 0, 0, 0, 0},
+        {"no_prefix_fill", 3, 8, 9, 0, 1, 64, 1.f, kimi, 1, 0, 0, 0},
+        {"h128_ragged", 2, 128, 9, 1, 300, 64, 2.f, kimi, 1, 0, 0, 0},
+        {"q257_h8", 1, 8, 257, 0, 64, 64, 1.f, kimi, 0, 0, 0, 0},
+        {"q257_h128_fill", 1, 128, 257, 0, 40, 64, 2.f, kimi, 1, 12, 0, 0},
+        {"q1_h16", 4, 16, 1, 1, 1000, 64, 3.f, kimi, 0, 0, 0, 0},
+        {"peaky_scale", 2, 16, 17, 100, 400, 64, 3.f, 0.3f, 1, 0, 0, 0},
+        {"paged_bs16", 3, 16, 9, 10, 500, 16, 1.f, kimi, 1, 0, 0, 0},
+        {"paged_bs128", 2, 8, 33, 10, 600, 128, 1.f, kimi, 1, 0, 0, 0},
+        {"paged_bs8_no_tma", 2, 16, 9, 10, 300, 8, 1.f, kimi, 1, 0, 0, 0}, /* the TMA kernel hands this to cp.async */
+        {"paged_bs32_split", 3, 32, 17, 50, 900, 32, 2.f, kimi, 1, 0, 4, 0},
+        {"one_tile_segments", 6, 16, 5, 0, 200, 64, 2.f, kimi, 1, 0, 13, 0},
+        {"contiguous", 3, 16, 17, 10, 600, 0, 1.f, kimi, 1, 0, 0, 0},
+        {"parts_1", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 1, 0},
+        {"parts_3", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 3, 0},
+        {"parts_7", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 7, 0},
+        {"parts_40", 5, 16, 9, 9, 700, 64, 2.f, kimi, 1, 0, 40, 0},
+        {"parts_150_empty_parts", 5, 16, 9, 9, 300, 64, 2.f, kimi, 1, 0, 150, 0}, /* more parts than work: some empty */
+        {"parts_48_one_request", 1, 16, 9, 3000, 3000, 64, 2.f, kimi, 1, 0, 48, 0}, /* > 32 parts merged into one row */
+        /* a few keys of a large cache (the small model's decode and verify): the split the host chose for
+         * full caches is cut on the device to the real positions, to one part where it cannot pay */
+        {"decode_h4_big_cache", 1, 4, 1, 5, 300, 64, 2.f, kimi, 0, 0, 0, 32},
+        {"verify_h4_q16_big_cache", 1, 4, 16, 10, 300, 64, 2.f, kimi, 1, 0, 0, 32},
+        {"decode_b8_h4_big_cache", 8, 4, 1, 1, 700, 64, 2.f, kimi, 0, 0, 0, 32},
+        {"ragged_b5_big_cache_bs16", 5, 16, 9, 0, 900, 16, 2.f, kimi, 1, 0, 0, 128},
+        /* at most 16 rows (a 64-row tile mostly padding) */
+        {"few_rows_q4_h4_tree", 3, 4, 4, 0, 500, 64, 2.f, kimi, 1, 0, 0, 0},
+        {"few_rows_q9_h1_bs16_split", 2, 1, 9, 100, 900, 16, 2.f, kimi, 1, 0, 5, 0},
+        {"few_rows_q2_h8_contiguous", 2, 8, 2, 0, 400, 0, 1.f, kimi, 1, 0, 0, 0},
+        {"few_rows_q16_h1_peaky", 2, 1, 16, 10, 300, 32, 3.f, 0.3f, 1, 0, 0, 0},
+        {"few_rows_h8_q1_long", 2, 8, 1, 8000, 9000, 64, 2.f, kimi, 0, 0, 0, 0},
+        {"long_h64_q33_p8192", 1, 64, 33, 8192, 8192, 64, 2.f, kimi, 0, 8, 0, 0},
+        {"long_h16_q17_p8192_contig", 2, 16, 17, 8000, 8192, 0, 2.f, kimi, 1, 8, 0, 0},
+        {"long_h8_q9_p16384", 4, 8, 9, 12000, 16384, 64, 2.f, kimi, 1, 8, 0, 0},
+        {"bench_h64_q17_p4096", 16, 64, 17, 4096, 4096, 64, 2.f, kimi, 0, 8, 0, 0},
+        {"bench_h64_q257_p8192", 1, 64, 257, 8192, 8192, 64, 2.f, kimi, 0, 6, 0, 0},
     };
     const Case *list = quick ? quick_cases : cases;
     const size_t n = quick ? sizeof quick_cases / sizeof *quick_cases : sizeof cases / sizeof *cases;

@@ -20,6 +20,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int by
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
+/* The line of global memory at p into L2, not waiting for it. */
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+/* A TMA descriptor (a __grid_constant__ kernel parameter) into the TMA unit's cache, before its first load. */
+__device__ __forceinline__ void prefetch_tensormap(const void *p) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(p) : "memory"); }
+
 /* Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
  * async proxy (wgmma operand reads); a barrier must follow before another thread's wgmma. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

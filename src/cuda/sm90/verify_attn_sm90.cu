@@ -103,6 +103,7 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int kern
     if (parts > 65535) parts = 65535;
     if (a.B > 65535) parts = 1; /* the combine grid's y dimension */
     a.parts = parts;
+    a.exact_parts = parts_req > 0;
 
     size_t ws_bytes = 0;
     void *ws = nullptr;
@@ -119,9 +120,9 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int kern
 
     if (kernel == KDT_VA_SM90_AUTO) kernel = KDT_VA_SM90_TMA;
     if (kernel == KDT_VA_SM90_TMA && !setup_tma(p, &a)) kernel = KDT_VA_SM90_CP_ASYNC;
-    int smem = 0, pdl = 0;
-    cudaError_t e = launch_main(a, kernel == KDT_VA_SM90_TMA, m_tiles, stream, &smem);
-    if (e == cudaSuccess && parts > 1) e = launch_combine(a, no_pdl, stream, &pdl);
+    int smem = 0, pdl = 0, pdl_combine = 1;
+    cudaError_t e = launch_main(a, kernel == KDT_VA_SM90_TMA, m_tiles, no_pdl, stream, &smem, &pdl);
+    if (e == cudaSuccess && parts > 1) e = launch_combine(a, no_pdl, stream, &pdl_combine);
     if (ws) {
         const cudaError_t ef = cudaFreeAsync(ws, stream);
         if (e == cudaSuccess) e = ef;
@@ -136,7 +137,7 @@ kdt_status launch(const kdt_verify_attn_params *p, cudaStream_t stream, int kern
         info->grid = m_tiles * parts;
         info->smem_bytes = smem;
         info->workspace_bytes = ws_bytes;
-        info->pdl = pdl;
+        info->pdl = pdl && pdl_combine;
     }
     *handled = 1;
     return KDT_OK;

@@ -22,7 +22,7 @@ typedef enum kdt_va_sm90_kernel {
 typedef struct kdt_va_sm90_config {
     int kernel;  /* a kdt_va_sm90_kernel; TMA asked of a call it does not fit runs cp.async */
     int parts;   /* 0: the scheduler chooses; else KV parts per row tile (split-KV), >= 1 */
-    int no_pdl;  /* 1: launch the combine kernel without programmatic dependent launch */
+    int no_pdl;  /* 1: launch the kernels without programmatic dependent launch */
 } kdt_va_sm90_config;
 
 /* What a call ran: for tests and the bench. */
@@ -33,7 +33,7 @@ typedef struct kdt_va_sm90_info {
     int grid;               /* CTAs of the main kernel: m_tiles * parts */
     int smem_bytes;         /* dynamic shared memory per CTA */
     size_t workspace_bytes; /* split-KV partials (0 when parts == 1) */
-    int pdl;                /* 1: the combine kernel went out with programmatic dependent launch */
+    int pdl;                /* 1: the kernels (main, and combine when split) went out with programmatic dependent launch */
 } kdt_va_sm90_info;
 
 /* The hook kdt_verify_attn_cuda calls first. Sets *handled = 0 and returns KDT_OK when the call is

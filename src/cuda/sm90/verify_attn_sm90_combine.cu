@@ -25,9 +25,10 @@ __device__ __forceinline__ void add_bf16x8(float (&acc)[8], float w, uint4 v) {
 template <int kCombineParts> /* parts loaded at once; divides 32: a chunk of 32 slots holds whole load groups */
 __global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constant__ Args a) {
     __shared__ long long warp_sums[kThreads / 32];
-    const int b = blockIdx.y, P = a.parts;
+    const int b = blockIdx.y;
     long long W, wb;
     sched_sums(a, b, warp_sums, &W, &wb);
+    const int P = part_count(a, W);
     const long long first = wb + kOverhead;
     const int p0 = part_of(W, P, first), p1 = part_of(W, P, first + key_tiles(req_keys(a, b)) - 1);
     if (p0 == p1) return; /* written directly by the main kernel */
@@ -101,25 +102,10 @@ __global__ void __launch_bounds__(kThreads) va_sm90_combine(const __grid_constan
 } // namespace
 
 cudaError_t launch_combine(const Args &a, int no_pdl, cudaStream_t stream, int *pdl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((a.rows + kThreads / 32 - 1) / (kThreads / 32)), (unsigned)a.B);
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = no_pdl ? 0 : 1;
     /* Deep loads only where a request spans many parts: the registers they take cost occupancy. */
     void (*combine)(Args) = a.parts > 2 * a.B ? va_sm90_combine<16> : va_sm90_combine<4>;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, combine, a);
-    if (e != cudaSuccess && cfg.numAttrs) { /* programmatic launch refused here: a plain launch */
-        (void)cudaGetLastError();
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, combine, a);
-    }
-    *pdl = cfg.numAttrs;
-    return e;
+    const dim3 grid((unsigned)((a.rows + kThreads / 32 - 1) / (kThreads / 32)), (unsigned)a.B);
+    return launch_pdl(combine, grid, 0, a, no_pdl, stream, pdl);
 }
 
 } // namespace kdt_va_sm90

@@ -122,21 +122,17 @@ __device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, ui
     const uint32_t sq = sbase + kOffQ, sp = sbase + kOffP, buf0 = sbase + kOffK;
     const uint32_t bar_q = sbase + kOffBarT, bar0 = bar_q + 8;
 
-    fence_proxy_async(); /* this thread's generic accesses to the buffers (last staging) before the TMA below */
-    __syncthreads();
-    if (tid == 0) {
-        mbar_arrive_expect_tx(bar_q, kTileBytes);
-        for (int c = 0; c < kDqk / 64; c++) tma_load_2d(sq + c * kColBlock, &a.tm_q, 64 * c, b * a.rows + m0, bar_q);
-        int e[4];
-        tile_blocks(a, b, n, tb, e);
-        load_tile(a, b, n, tb, e, buf0, bar0);
-    }
     int e_next[4]; /* thread 128: block-table entries of the next tile to load */
-    if (tid == 128) tile_blocks(a, b, n, tb + 1 < te ? tb + 1 : tb, e_next);
+    tma_segment_start(a, b, n, m0, tb, te, sq, buf0, bar_q, bar0, e_next);
 
     /* Tree mask rows of the thread's rows (padding rows past Q * H read the last tree row). */
     const uint8_t *mrow0 = a.tree_mask + ((long long)b * a.Q + min((m0 + r0) / a.H, a.Q - 1)) * a.Q;
     const uint8_t *mrow1 = a.tree_mask + ((long long)b * a.Q + min((m0 + r1) / a.H, a.Q - 1)) * a.Q;
+    if (wg == 0 && t4 == 0 && te * kBN > prefix) { /* the mask's bytes of the first masked tile, read after its S */
+        const int k0 = min(max(tb * kBN - prefix, 0), a.Q - 1); /* inside the row even when kv_len < Q */
+        prefetch_l2(mrow0 + k0);
+        prefetch_l2(mrow1 + k0);
+    }
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) o[i] = 0.f;
@@ -145,14 +141,7 @@ __device__ __forceinline__ void run_segment_tma(const Args &a, uint8_t *smem, ui
     q_phase ^= 1;
 
     for (int kt = tb; kt < te; kt++) {
-        const uint32_t j = (uint32_t)(kt - tb) & 1, sk = buf0 + j * kTileBytes;
-        mbar_wait(bar0 + 8 * j, (k_phase >> j) & 1);
-        k_phase ^= 1u << j;
-        __syncthreads(); /* every thread is done with tile kt - 1: its buffer takes tile kt + 1 */
-        if (tid == 128 && kt + 1 < te) {
-            load_tile(a, b, n, kt + 1, e_next, buf0 + (j ^ 1) * kTileBytes, bar0 + 8 * (j ^ 1));
-            tile_blocks(a, b, n, kt + 2 < te ? kt + 2 : kt, e_next);
-        }
+        const uint32_t sk = tma_tile_top(a, b, n, kt, tb, te, buf0, bar0, k_phase, e_next), j = (uint32_t)(kt - tb) & 1;
         uint32_t p[4][4];
         float alpha[2];
         if (wg == 0) {
@@ -186,7 +175,15 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
     if (kTma && threadIdx.x == 0) { /* used after the segment's first __syncthreads */
         for (int i = 0; i < 3; i++) mbar_init(sbase + kOffBarT + 8 * i, 1);
         fence_mbar_init();
+        prefetch_tensormap(&a.tm_q); /* the first loads wait on the descriptors otherwise */
+        prefetch_tensormap(&a.tm_kv);
     }
+    /* Under programmatic dependent launch this CTA may run before the kernel ahead of it in the
+     * stream is done: nothing in global memory is read or written before that kernel has finished. */
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    /* Request 0's first block-table line while kv_len is read: one dependent load less on short calls
+     * (part 0, and every call in one part, starts there). */
+    if (kTma && threadIdx.x == 0 && a.block_table) prefetch_l2(a.block_table);
     /* Let the combine kernel (programmatic dependent launch) start as soon as every CTA runs. */
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     walk_segments(a, smem, [&](int b, int tb, int te, int slot) {
@@ -197,13 +194,12 @@ __global__ void __launch_bounds__(kThreads, 1) va_sm90_kernel(const __grid_const
 
 } // namespace
 
-cudaError_t launch_main(const Args &a, int tma, int m_tiles, cudaStream_t stream, int *smem) {
+cudaError_t launch_main(const Args &a, int tma, int m_tiles, int no_pdl, cudaStream_t stream, int *smem, int *pdl) {
     void (*kernel)(Args) = tma ? va_sm90_kernel<true> : va_sm90_kernel<false>;
     *smem = tma ? (int)kSmemT : (int)kSmemBytes;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *smem);
     if (e != cudaSuccess) return e;
-    kernel<<<dim3((unsigned)m_tiles, (unsigned)a.parts), kThreads, (size_t)*smem, stream>>>(a);
-    return cudaPeekAtLastError();
+    return launch_pdl(kernel, dim3((unsigned)m_tiles, (unsigned)a.parts), (size_t)*smem, a, no_pdl, stream, pdl);
 }
 
 } // namespace kdt_va_sm90

@@ -45,12 +45,30 @@ static __device__ void sched_sums(const Args &a, int upto, long long *warp_sums,
     for (int base = 0; base < a.B; base += kThreads) {
         const int b = base + threadIdx.x;
         const long long w = b < a.B ? key_tiles(req_keys(a, b)) + kOverhead : 0;
-        long long t, u;
+        long long t, u = 0;
         block_scan(w, warp_sums, &t);
-        block_scan(b < upto ? w : 0, warp_sums, &u);
+        if (base < upto) block_scan(b < upto ? w : 0, warp_sums, &u); /* uniform: upto and base are */
         *W += t;
         *before += u;
     }
+}
+
+/* Scheduler constants, fitted to the H200's split sweep (docs/perf/verify_attn_sm90.md): a key tile's
+ * time, the combine's fixed cost (its launch and the partials' round trip), the rate at which partials
+ * are written and read back (mostly L2); only their ratios matter. */
+constexpr double kTileUs = 2.0, kCombineUs = 8.0, kPartialBytesPerUs = 5e6;
+constexpr int kStartTiles = 4; /* a CTA's start (schedule, first loads) and end, in key tiles */
+
+/* The parts a call really uses, from W (all positions, by the real kv_len): the host chose a.parts
+ * for full caches (it does not see kv_len), so a call whose requests hold fewer keys keeps the
+ * host's grid (its waves) with no more parts than positions, and none of them when the split cannot
+ * pay for the combine (W (1 - 1/P) tiles saved against kCombineUs): a decode step over a few keys of
+ * a large cache runs in one part and its combine has nothing to merge. Forced splits (exact_parts)
+ * are kept as asked. The main and combine kernels agree on it. */
+__device__ __forceinline__ int part_count(const Args &a, long long W) {
+    if (a.exact_parts || a.parts <= 1) return a.parts;
+    const int p = (int)min((long long)a.parts, W);
+    return (double)W * (1.0 - 1.0 / p) * kTileUs > kCombineUs ? p : 1;
 }
 
 /* The segments of this CTA (row tile blockIdx.x, part blockIdx.y of a.parts), in order: for each
@@ -62,17 +80,22 @@ __device__ __forceinline__ void walk_segments(const Args &a, uint8_t *smem, Seg 
     long long *warp_sums = (long long *)(smem + kOffSched);
     long long *found_w = warp_sums + 8;
     int *found_b = (int *)(found_w + 1);
-    const int part = blockIdx.y, P = a.parts;
+    const int part = blockIdx.y;
+    int P = a.parts;
     long long W = 0, s_p = 0, e_p = LLONG_MAX, wb = 0; /* wb: position of request b */
     int b = 0;
     if (P > 1) {
         long long unused;
         sched_sums(a, 0, warp_sums, &W, &unused);
+        P = part_count(a, W);
+        if (part >= P) return; /* a part this call does not use (uniform) */
         s_p = part_start(W, P, part);
         e_p = part_start(W, P, part + 1);
+    }
+    if (s_p > 0) { /* the request holding position s_p (part 0 starts at request 0) */
         if (threadIdx.x == 0) *found_b = -1;
         long long run = 0;
-        for (int base = 0; base < a.B; base += kThreads) { /* the request holding position s_p */
+        for (int base = 0; base < a.B; base += kThreads) {
             const int bb = base + threadIdx.x;
             const long long w = bb < a.B ? key_tiles(req_keys(a, bb)) + kOverhead : 0;
             long long t;
@@ -106,18 +129,15 @@ __device__ __forceinline__ void walk_segments(const Args &a, uint8_t *smem, Seg 
     }
 }
 
-/* Scheduler constants: a key tile's time, the combine kernel's fixed cost, and the rate at which
- * partials are written and read back (mostly L2). Only their ratios matter. */
-constexpr double kTileUs = 2.0, kCombineUs = 3.0, kPartialBytesPerUs = 5e6;
-constexpr int kStartTiles = 3; /* a CTA's start (schedule, first loads) and end, in key tiles */
-
 /* Parts per row tile: the split with the least estimated time, counting waves of CTAs (one CTA
- * per SM), the longest part's tiles and the partials' traffic; up to 4 waves. nt: key tiles per
- * request as the host sees it (the cache's capacity). */
+ * per SM), the longest part's tiles and the partials' traffic; up to 4 waves, and no more parts
+ * than positions. nt: key tiles per request as the host sees it (the cache's capacity; part_count
+ * scales the split down on the device when the requests hold fewer keys). */
 inline int choose_parts(int B, int m_tiles, long long nt, int sms, int rows) {
     int best = 1;
     double best_us = 0;
-    for (int P = 1; P <= 65535 && (P == 1 || (long long)m_tiles * P <= 4LL * sms); P++) {
+    const long long w_cap = (long long)B * (nt + kOverhead);
+    for (int P = 1; P <= 65535 && P <= w_cap && (P == 1 || (long long)m_tiles * P <= 4LL * sms); P++) {
         const double waves = (double)(((long long)m_tiles * P + sms - 1) / sms);
         double us = waves * ((double)B * (double)(nt + kOverhead) / P + kStartTiles) * kTileUs;
         if (P > 1) us += kCombineUs + 1.5 * (P - 1) * rows * (kDv * 2.0 + 4.0) * 2.0 / kPartialBytesPerUs;

@@ -40,6 +40,9 @@ __device__ __forceinline__ const bf16 *kv_row(const Args &a, int b, int n, int k
 
 /* ---- S = Q K^T for warpgroup 0 (wgmma): s[4 j + e] is row 16 w4 + g (+8 for e >= 2), key 8 j + 2 t4 + e % 2 ---- */
 
+/* Descriptor offset (16-byte units) of k-step kk (16 dims) in a swizzled [rows, 576] tile. */
+__device__ __forceinline__ uint32_t kstep_off(int kk) { return ((uint32_t)(kk >> 2) * kColBlock + (uint32_t)(kk & 3) * 32) >> 4; }
+
 __device__ __forceinline__ void scores_wgmma(float (&s)[32], uint32_t sq, uint32_t sk) {
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = 0.f;
@@ -47,10 +50,7 @@ __device__ __forceinline__ void scores_wgmma(float (&s)[32], uint32_t sq, uint32
     const uint32_t lq = desc_lo(sq, 16), lk = desc_lo(sk, 16);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kDqk / 16; kk++) {
-        const uint32_t off = ((uint32_t)(kk >> 2) * kColBlock + (uint32_t)(kk & 3) * 32) >> 4;
-        wgmma_m64n64k16_ss(s, desc_from(lq + off, 1024), desc_from(lk + off, 1024));
-    }
+    for (int kk = 0; kk < kDqk / 16; kk++) wgmma_m64n64k16_ss(s, desc_from(lq + kstep_off(kk), 1024), desc_from(lk + kstep_off(kk), 1024));
     wgmma_commit();
     wgmma_wait0();
     fence_regs(s);
@@ -243,6 +243,40 @@ __device__ __forceinline__ void load_tile(const Args &a, int b, int n, int kt, c
 #pragma unroll
         for (int k = 0; k < 4; k++)
             if (k * a.kv_box < kBN) tma_load_2d(buf + c * kColBlock + k * a.kv_box * 128, &a.tm_kv, 64 * c, y[k], bar);
+}
+
+/* The start of a TMA segment (rows m0.. of request b, n keys, its key tiles [tb, te)): once every thread's
+ * generic accesses to the buffers (the last staging) are fenced and done, thread 0 loads Q into sq on
+ * bar_q and tile tb into buffer 0 on bar0; thread 128's e_next gets the block-table entries of tile tb + 1. */
+__device__ __forceinline__ void tma_segment_start(const Args &a, int b, int n, int m0, int tb, int te, uint32_t sq, uint32_t buf0,
+                                                  uint32_t bar_q, uint32_t bar0, int (&e_next)[4]) {
+    fence_proxy_async();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(bar_q, kTileBytes);
+        for (int c = 0; c < kDqk / 64; c++) tma_load_2d(sq + c * kColBlock, &a.tm_q, 64 * c, b * a.rows + m0, bar_q);
+        int e[4];
+        tile_blocks(a, b, n, tb, e);
+        load_tile(a, b, n, tb, e, buf0, bar0);
+    }
+    if (threadIdx.x == 128) tile_blocks(a, b, n, tb + 1 < te ? tb + 1 : tb, e_next);
+}
+
+/* The top of a TMA segment's tile loop: waits for tile kt (buffer (kt - tb) & 1; k_phase: bit j, the
+ * parity of buffer j), then a CTA barrier: every thread is done with tile kt - 1, so its buffer takes
+ * tile kt + 1, which thread 128 loads (reading tile kt + 2's block-table entries). Returns tile kt's
+ * shared address. */
+__device__ __forceinline__ uint32_t tma_tile_top(const Args &a, int b, int n, int kt, int tb, int te, uint32_t buf0, uint32_t bar0,
+                                                 uint32_t &k_phase, int (&e_next)[4]) {
+    const uint32_t j = (uint32_t)(kt - tb) & 1;
+    mbar_wait(bar0 + 8 * j, (k_phase >> j) & 1);
+    k_phase ^= 1u << j;
+    __syncthreads();
+    if (threadIdx.x == 128 && kt + 1 < te) {
+        load_tile(a, b, n, kt + 1, e_next, buf0 + (j ^ 1) * kTileBytes, bar0 + 8 * (j ^ 1));
+        tile_blocks(a, b, n, kt + 2 < te ? kt + 2 : kt, e_next);
+    }
+    return buf0 + j * kTileBytes;
 }
 
 /* P (bf16 A fragments) to a swizzled [64 rows, 64 keys] tile; generic stores. */

@@ -58,16 +58,42 @@ struct Args {
     int NB, BS, MB;
     int B, Q, H, rows;          /* rows = Q * H per request */
     int cap;                    /* keys the cache holds per request */
-    int parts;                  /* gridDim.y */
+    int parts;                  /* gridDim.y: the most parts; the kernels use part_count's (sched.cuh) */
+    int exact_parts;            /* 1: parts is exact (a forced split), 0: scaled to the real kv_len */
     float scale_log2;           /* sm_scale * log2(e) */
 };
 
-/* Host side of each kernel file: sets the shared-memory attribute and launches on `stream`.
+/* Host side of each kernel file: sets the shared-memory attribute and launches on `stream`, with
+ * programmatic dependent launch unless no_pdl (or refused: then a plain launch); *pdl says which.
  * launch_main: the TMA kernel (tma = 1; a.tm_q and a.tm_kv set up) or the cp.async kernel, grid
- * (m_tiles, a.parts); *smem gets its dynamic shared memory. launch_combine: the merge of split
- * requests after it, with programmatic dependent launch unless no_pdl (or refused); *pdl says. */
-cudaError_t launch_main(const Args &a, int tma, int m_tiles, cudaStream_t stream, int *smem);
+ * (m_tiles, a.parts); *smem gets its dynamic shared memory. It waits for the kernel before it
+ * (griddepcontrol.wait) before it reads or writes global memory, so its launch and prologue overlap
+ * that kernel's end. launch_combine: the merge of split requests after it. */
+cudaError_t launch_main(const Args &a, int tma, int m_tiles, int no_pdl, cudaStream_t stream, int *smem, int *pdl);
 cudaError_t launch_combine(const Args &a, int no_pdl, cudaStream_t stream, int *pdl);
+
+/* kernel(a) on grid x 256 threads with smem bytes of dynamic shared memory, as above. */
+template <typename Kernel>
+cudaError_t launch_pdl(Kernel kernel, dim3 grid, size_t smem, const Args &a, int no_pdl, cudaStream_t stream, int *pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = no_pdl ? 0 : 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a);
+    if (e != cudaSuccess && cfg.numAttrs) { /* programmatic launch refused here: a plain launch */
+        (void)cudaGetLastError();
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, kernel, a);
+    }
+    *pdl = cfg.numAttrs;
+    return e;
+}
 
 /* The launcher's (verify_attn_sm90.cu), for dev/cuda's experiments too. make_args: a call's Args
  * with no split (parts 0, no workspace) and no tensor maps; 0 when Q * H is past the kernels'
