@@ -17,6 +17,7 @@
 #include "common/cuda/cuda_common.cuh"
 #include "cuda/quant_mma.cuh"
 #include "model/cuda/moe_quant.h"
+#include "model/cuda/pdl.cuh" /* moe.cuh's kernel starts with kdt_pdl_begin */
 
 namespace {
 
