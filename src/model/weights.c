@@ -237,17 +237,19 @@ static kdt_status load_mlp(const loader *ld, const char *prefix, int32_t hid, in
     return s == KDT_OK ? load_lin(ld, d, hid, inter, &w->down, &w->down_q) : s;
 }
 
+/* The three linears of an expert, in the order the loaders keep them. */
+static const char *const EXPERT_PROJ[3] = {"gate_proj", "up_proj", "down_proj"};
+
 /* This rank's hub-layout experts of layer l kept quantized (w->exp_q) when all 3E linears can be, in
  * one format. */
 static int experts_quant(const loader *ld, int32_t l, kdt_layer_w *w) {
     const kdt_model_config *c = &ld->m->cfg;
     const int64_t E = ld->m->e_n, e0 = ld->m->e_lo, I = c->moe_intermediate_size, hid = c->hidden_size;
-    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     kdt_qsrc *q = (kdt_qsrc *)kdt_model_buf(ld->m, (size_t)(E * 3) * sizeof *q / sizeof(float) + 1);
     if (!q) return 0;
     char n[256];
     for (int64_t i = 0; i < E * 3; i++) {
-        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l + ld->layer_off, (long long)(e0 + i / 3), proj[i % 3]);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l + ld->layer_off, (long long)(e0 + i / 3), EXPERT_PROJ[i % 3]);
         if (!quant_src(ld, n, i % 3 < 2 ? I : hid, i % 3 < 2 ? hid : I, &q[i]) || q[i].fmt != q[0].fmt) return 0;
     }
     w->exp_q = q;
@@ -283,10 +285,9 @@ static kdt_status load_experts(const loader *ld, int32_t l, kdt_layer_w *w) {
         convert(t, (uint64_t)(e0 * hid * I), (uint64_t)(E * hid * I), down);
         return KDT_OK;
     }
-    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int64_t e = 0; e < E; e++)
         for (int k = 0; k < 3; k++) {
-            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l + ld->layer_off, (long long)(e0 + e), proj[k]);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%lld.%s", l + ld->layer_off, (long long)(e0 + e), EXPERT_PROJ[k]);
             float *dst = (k == 0 ? gate : k == 1 ? up : down) + e * I * hid;
             if ((s = k < 2 ? linear_into(ld, n, I, hid, dst) : linear_into(ld, n, hid, I, dst))) {
                 if (s == KDT_ERR_NOT_FOUND && e == 0 && k == 0) {
