@@ -30,12 +30,6 @@ typedef __nv_bfloat16 bf16;
 /* Row slices of R rows: an expert has at most one assignment per row. */
 unsigned slices(int64_t R) { return (unsigned)((R + kSliceRows - 1) / kSliceRows); }
 
-/* moe.cuh's quantized reader over a kdt_dlin's parts. */
-template <bool kInt4> WQuant<kInt4> wquant(const kdt_dlin *d) {
-    return {{(const uint8_t *)d->w[0], (const uint8_t *)d->w[1]}, {(const uint8_t *)d->scale[0], (const uint8_t *)d->scale[1]},
-            d->N, d->N0, d->K};
-}
-
 /* shared: the functors carry the shared expert as expert E (WShared), run as one more grid row
  * whose R assignments follow the R * K routed ones. */
 template <typename T, int kRows, typename WG, typename WD>

@@ -100,6 +100,12 @@ template <bool kInt4> struct WQuant {
     }
 };
 
+/* The WQuant view of a quantized linear (D: kdt_dlin; a template, so that this file needs no include). */
+template <bool kInt4, typename D> WQuant<kInt4> wquant(const D *d) {
+    return {{(const uint8_t *)d->w[0], (const uint8_t *)d->w[1]}, {(const uint8_t *)d->scale[0], (const uint8_t *)d->scale[1]},
+            d->N, d->N0, d->K};
+}
+
 /* The input rows as an RMSNorm of f32 rows, made while staging (the dense products whose input is a
  * norm's output alone: the attention's first projection, the dense MLP, the LM head), so that the
  * norm needs no launch of its own: row p is w * (x_r * rsqrt(mean(x_r^2) + eps)) rounded to T,

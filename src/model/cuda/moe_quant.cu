@@ -204,11 +204,6 @@ __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *
     for (int r = 0; r < cnt; r += 8) expert_cols<kInt4, kGateUp, kSplit, kLaneBytes>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
 }
 
-template <bool kInt4> WQuant<kInt4> wq(const kdt_dlin *d) {
-    return {{(const uint8_t *)d->w[0], (const uint8_t *)d->w[1]}, {(const uint8_t *)d->scale[0], (const uint8_t *)d->scale[1]},
-            d->N, d->N0, d->K};
-}
-
 /* Both launches; kSplitGU / kSplitDown: warps that split the K of gate/up (K = hidden) and down (K = I). */
 template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128>
 kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
@@ -217,10 +212,10 @@ kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, cons
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
     const unsigned slots = (unsigned)(R * K < E ? R * K : E);
     moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
-        x, perm, K, counts, offs, E, wq<kInt4>(gu), hid, I, act);
+        x, perm, K, counts, offs, E, wquant<kInt4>(gu), hid, I, act);
     KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
     moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
-        (const bf16 *)act, nullptr, K, counts, offs, E, wq<kInt4>(dn), I, hid, ye);
+        (const bf16 *)act, nullptr, K, counts, offs, E, wquant<kInt4>(dn), I, hid, ye);
     KDT_CUDA_CHECK_LAUNCH("moe_quant down");
     return KDT_OK;
 }
