@@ -461,16 +461,15 @@ kdt_status moe(Fwd &f, int32_t l) {
     /* The layer's norm: u.hf (f32) for the router, u.hn for the experts; in the router's block
      * where that block computes the scores. */
     const kdt_mk_norm ffn = {u.x, L->ffn_norm, nullptr, cf->rms_norm_eps};
-    if (!scores)
+    if (!scores) { /* the norm, then the router's logits u.rlog */
         KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, L->ffn_norm, cf->rms_norm_eps, u.hf, d.hid, u.hn, d.hid, d.dt, f.s));
+        KDT_TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
+    }
     if (plan) {
-        if (!scores)
-            KDT_TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
         KDT_TRY(kdt_mk_route_plan(scores ? u.hf : nullptr, L->router, d.hid, u.rlog, L->router_bias, d.R, d.E, cf->n_group,
                               cf->topk_group, d.K, cf->norm_topk_prob, cf->routed_scaling_factor, u.gi, u.gw, u.counts, u.offs,
                               u.perm, u.posa, scores ? &ffn : nullptr, u.hn, d.dt, f.s));
     } else {
-        KDT_TRY(kdt_lin_gemm(h, d.R, d.E, d.hid, L->router, CUDA_R_32F, d.hid, u.hf, CUDA_R_32F, d.hid, u.rlog, CUDA_R_32F, d.E, 0.0f));
         KDT_TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
                          cf->routed_scaling_factor, u.gi, u.gw, f.s));
         KDT_TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
