@@ -399,11 +399,12 @@ kdt_status kdt_model_load_part(const char *dir, kdt_backend backend, kdt_dtype d
     if ((s = kdt_st_open_dir(dir, &st)) != KDT_OK) { kdt_ckpt_format_free(&fmt); kdt_model_free(m); return s; }
     const loader ld = {.m = m, .st = st, .dir = dir, .fmt = &fmt};
     const int64_t V = cfg.vocab_size, hid = cfg.hidden_size;
-    const int top = kdt_ep_driver(m);
-    if (top) s = load(&ld, "model.embed_tokens.weight", D2(V, hid), &m->embed);
-    if (s == KDT_OK && top) s = load(&ld, "model.norm.weight", D1(hid), &m->final_norm);
-    if (s == KDT_OK && top && cfg.tie_word_embeddings) m->lm_head = m->embed;
-    else if (s == KDT_OK && top) s = load_linear(&ld, "lm_head", V, hid, &m->lm_head);
+    if (kdt_ep_driver(m)) { /* the embedding, final norm and LM head: rank 0's alone */
+        s = load(&ld, "model.embed_tokens.weight", D2(V, hid), &m->embed);
+        if (s == KDT_OK) s = load(&ld, "model.norm.weight", D1(hid), &m->final_norm);
+        if (s == KDT_OK && cfg.tie_word_embeddings) m->lm_head = m->embed;
+        else if (s == KDT_OK) s = load_linear(&ld, "lm_head", V, hid, &m->lm_head);
+    }
     if (s == KDT_OK) s = offload(m, -1, 0);
     for (int32_t l = 0; l < cfg.num_hidden_layers && s == KDT_OK; l++) {
         const size_t from = m->n_allocs;
