@@ -17,8 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kdt/kdt.h"
-#include "kdt/model.h"
+#include "bench_common.h"
 #include "kdt/spec.h"
 
 enum { NEW = 3, BATCH = 256 };
@@ -134,13 +133,10 @@ int main(int argc, char **argv) {
     if (dm && (s = kdt_drafter_model(dm, &dr[n_dr++].d)) != KDT_OK) die("model drafter", s);
 
     FILE *out = out_path ? fopen(out_path, "w") : NULL;
-    char head[512];
-    snprintf(head, sizeof head,
-             "\n### %s, prompt %d (%d tokens), T=%g top_k=%d top_p=%g, %d seeds per mode, %s f32\n\n"
-             "| mode | mean accepted | (t1, t2): pairs, chi2, df, p | t3: tokens, chi2, df, p | verdict |\n|---|---:|---|---|---|\n",
-             model_dir, line, len, (double)T, top_k, (double)top_p, seeds, kdt_backend_name(be));
-    fputs(head, stdout);
-    if (out) fputs(head, out);
+    bench_emit(out,
+               "\n### %s, prompt %d (%d tokens), T=%g top_k=%d top_p=%g, %d seeds per mode, %s f32\n\n"
+               "| mode | mean accepted | (t1, t2): pairs, chi2, df, p | t3: tokens, chi2, df, p | verdict |\n|---|---:|---|---|---|\n",
+               model_dir, line, len, (double)T, top_k, (double)top_p, seeds, kdt_backend_name(be));
     run_out plain = sample(m, NULL, prompt, len, seeds, T, top_k, top_p);
     uint64_t *ka = malloc((size_t)seeds * sizeof *ka), *kb = malloc((size_t)seeds * sizeof *kb);
     int failed = 0;
@@ -158,11 +154,8 @@ int main(int argc, char **argv) {
         }
         const int ok = pv[0] > 1e-4 && pv[1] > 1e-4;
         failed |= !ok;
-        char row[512];
-        snprintf(row, sizeof row, "| plain vs %s | %.2f | %d, %.1f, %d, %.3g | %d, %.1f, %d, %.3g | %s |\n", dr[d].name,
-                 spec.accepted, cats[0], c2[0], df[0], pv[0], cats[1], c2[1], df[1], pv[1], ok ? "PASS" : "FAIL");
-        fputs(row, stdout);
-        if (out) fputs(row, out);
+        bench_emit(out, "| plain vs %s | %.2f | %d, %.1f, %d, %.3g | %d, %.1f, %d, %.3g | %s |\n", dr[d].name, spec.accepted, cats[0],
+                   c2[0], df[0], pv[0], cats[1], c2[1], df[1], pv[1], ok ? "PASS" : "FAIL");
         free(spec.tok);
     }
     if (out) fclose(out);
