@@ -50,6 +50,13 @@ uint64_t kt_splitmix64(uint64_t *state) {
     return z ^ (z >> 31);
 }
 
+int32_t kt_argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
 const char *kt_basename(const char *path) {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;

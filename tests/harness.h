@@ -21,6 +21,9 @@ int kt_exit_code(void);       /* 1 if any FAIL was printed */
 /* splitmix64: the next number of the sequence that *state walks (the tests' seeded random data). */
 uint64_t kt_splitmix64(uint64_t *state);
 
+/* Index of the largest of x [n], the first one on ties. */
+int32_t kt_argmax(const float *x, int32_t n);
+
 /* Folder of generated bundles: $KDT_TEST_DATA, else build/data. */
 const char *kt_data_dir(void);
 /* Sorted paths of <data_dir>/<prefix>*.kdtr; returns the count (0 if none). Free with kt_free_list. */

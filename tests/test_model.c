@@ -36,13 +36,6 @@ static double rel_l2(const float *got, const float *want, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* One forward of a single request's rows; logits [n, V]. */
 static kdt_status fwd(kdt_model *m, kdt_cache *c, int32_t req, int32_t n, const int32_t *tok, const int32_t *pos,
                       const uint8_t *mask, float *logits) {
@@ -84,11 +77,11 @@ static void check_fixture(const char *dir) {
         free(got); free(gen);
         goto done;
     }
-    int32_t next = argmax(got + (size_t)(P - 1) * V, V);
+    int32_t next = kt_argmax(got + (size_t)(P - 1) * V, V);
     for (int32_t i = 0; i < N && s == KDT_OK; i++) {
         gen[i] = next;
         s = fwd(m, c, 0, 1, &gen[i], NULL, NULL, got + (size_t)(P + i) * V);
-        next = argmax(got + (size_t)(P + i) * V, V);
+        next = kt_argmax(got + (size_t)(P + i) * V, V);
     }
     if (s != KDT_OK) kt_fail("model %s: decode: %s", name, kdt_last_error());
     else {

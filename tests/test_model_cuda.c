@@ -114,13 +114,6 @@ static int batch_ok(stats s, double tol, int robust) {
     return robust ? s.median <= tol : s.all <= tol && s.max <= 10 * tol;
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 static float *poisoned(size_t n) {
     float *p = malloc(n * sizeof(float));
     if (p) memset(p, 0xFF, n * sizeof(float));
@@ -215,7 +208,7 @@ static kdt_status fx_forward(const fixture *fx, kdt_backend be, kdt_dtype dt, fx
 /* Where the teacher-forced greedy choice first differs from transformers' token; -1: nowhere. */
 static int32_t parting(const fixture *fx, const float *tf, int32_t *ours) {
     for (int32_t i = 0; i < fx->N; i++) {
-        *ours = argmax(tf + (size_t)(fx->P - 1 + i) * fx->V, fx->V);
+        *ours = kt_argmax(tf + (size_t)(fx->P - 1 + i) * fx->V, fx->V);
         if (*ours != fx->cont[i]) return i;
     }
     return -1;
@@ -493,7 +486,7 @@ static void run_suite(suite *u) {
              u->name, sqrt(var / (84.0 * V)));
     for (int b = 0, end = 0; b < NREQ; b++) {
         end += pre[b];
-        next[b] = argmax(cpu + (size_t)(end - 1) * V, V);
+        next[b] = kt_argmax(cpu + (size_t)(end - 1) * V, V);
     }
     /* Decode steps of the three, one attention call, each feeding the CPU's greedy tokens. */
     for (int step = 0; step < 3; step++) {
@@ -501,7 +494,7 @@ static void run_suite(suite *u) {
         char what[64];
         snprintf(what, sizeof what, "decode step %d of 3 requests", step);
         if (!both(u, &d, NREQ, step == 0, what, cpu)) goto done;
-        for (int b = 0; b < NREQ; b++) next[b] = argmax(cpu + (size_t)b * V, V);
+        for (int b = 0; b < NREQ; b++) next[b] = kt_argmax(cpu + (size_t)b * V, V);
     }
     /* Trees of 7, 7 and 5 rows (the first two share an attention call): random parents and tokens,
      * positions after each request's cache. */

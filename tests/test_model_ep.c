@@ -34,12 +34,6 @@ static kdt_status load(const target *t, kdt_comm *comm, kdt_model **m) {
                   : kdt_model_builtin_ranked(BUILTIN_SEED, t->backend, t->dtype, comm, m);
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
-    return b;
-}
-
 #define ROWS 18 /* prefill 6 + 4, two decode steps of 2, a tree of 4 */
 
 /* Prefill of two requests in one batch, two batched decode steps, a tree with two branches on
@@ -56,13 +50,13 @@ static kdt_status run_seq(kdt_model *m, float *out) {
     s = kdt_model_forward(m, c, &b, out, NULL, NULL);
     float *o = out + 10 * (size_t)V;
     for (int step = 0; step < 2 && s == KDT_OK; step++, o += 2 * (size_t)V) {
-        int32_t one[2] = {1, 1}, t2[2] = {argmax(o - 2 * (size_t)V, V), argmax(o - (size_t)V, V)};
+        int32_t one[2] = {1, 1}, t2[2] = {kt_argmax(o - 2 * (size_t)V, V), kt_argmax(o - (size_t)V, V)};
         b = (kdt_batch){.B = 2, .req = req, .n_rows = one, .tokens = t2, .logits_rows = KDT_LOGITS_ALL};
         s = kdt_model_forward(m, c, &b, o, NULL, NULL);
     }
     /* Tree: root, two children of the root, a grandchild under the first. */
     const int32_t len = kdt_cache_len(c, 1), q = 4, r1 = 1;
-    int32_t tt[4] = {argmax(o - (size_t)V, V), 3 % V, 5 % V, 7 % V}, pos[4] = {len, len + 1, len + 1, len + 2};
+    int32_t tt[4] = {kt_argmax(o - (size_t)V, V), 3 % V, 5 % V, 7 % V}, pos[4] = {len, len + 1, len + 1, len + 2};
     const uint8_t mask[16] = {1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 0, 1, 1, 0, 1};
     b = (kdt_batch){.B = 1, .req = &r1, .n_rows = &q, .tokens = tt, .positions = pos, .tree_mask = mask,
                     .logits_rows = KDT_LOGITS_ALL};

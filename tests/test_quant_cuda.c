@@ -80,12 +80,6 @@ static int64_t rows_over(const float *got, const float *want, const float *twin,
     return bad;
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
-    return b;
-}
-
 static void check(const char *name, int fp8) {
     char dir[512], twin[600], path[600];
     snprintf(dir, sizeof dir, "tests/fixtures/model/%s", name);
@@ -138,8 +132,8 @@ static void check(const char *name, int fp8) {
                  "CPU (as above): %lld rows over, worst %.2e", name, R, TOL, (long long)bad, w);
         int32_t part = -1;
         for (int32_t i = 0; i < N && part < 0; i++)
-            if (argmax(q.tf + (size_t)(P - 1 + i) * V, V) != cont[i] || argmax(q.batch + (size_t)(P - 1 + i) * V, V) != cont[i] ||
-                argmax(t.tf + (size_t)(P - 1 + i) * V, V) != cont[i])
+            if (kt_argmax(q.tf + (size_t)(P - 1 + i) * V, V) != cont[i] || kt_argmax(q.batch + (size_t)(P - 1 + i) * V, V) != cont[i] ||
+                kt_argmax(t.tf + (size_t)(P - 1 + i) * V, V) != cont[i])
                 part = i;
         kt_check(part < 0, "%s cuda: greedy continuation of %d tokens equals transformers' (and the twin's)%s", name, N,
                  part < 0 ? "" : ", parts at a step");
