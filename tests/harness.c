@@ -57,6 +57,11 @@ int32_t kt_argmax(const float *x, int32_t n) {
     return best;
 }
 
+double kt_chi2_sf(double x, int df) {
+    const double k = df, z = (cbrt(x / k) - (1 - 2 / (9 * k))) / sqrt(2 / (9 * k));
+    return 0.5 * erfc(z / sqrt(2.0));
+}
+
 const char *kt_basename(const char *path) {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;

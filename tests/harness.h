@@ -23,6 +23,8 @@ uint64_t kt_splitmix64(uint64_t *state);
 
 /* Index of the largest of x [n], the first one on ties. */
 int32_t kt_argmax(const float *x, int32_t n);
+/* Upper tail of chi-square with df degrees of freedom (Wilson-Hilferty). */
+double kt_chi2_sf(double x, int df);
 
 /* Folder of generated bundles: $KDT_TEST_DATA, else build/data. */
 const char *kt_data_dir(void);
