@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 
@@ -60,6 +61,12 @@ int32_t kt_argmax(const float *x, int32_t n) {
 double kt_chi2_sf(double x, int df) {
     const double k = df, z = (cbrt(x / k) - (1 - 2 / (9 * k))) / sqrt(2 / (9 * k));
     return 0.5 * erfc(z / sqrt(2.0));
+}
+
+double kt_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 const char *kt_basename(const char *path) {

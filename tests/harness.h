@@ -25,6 +25,8 @@ uint64_t kt_splitmix64(uint64_t *state);
 int32_t kt_argmax(const float *x, int32_t n);
 /* Upper tail of chi-square with df degrees of freedom (Wilson-Hilferty). */
 double kt_chi2_sf(double x, int df);
+/* CLOCK_MONOTONIC in seconds. */
+double kt_now_s(void);
 
 /* Folder of generated bundles: $KDT_TEST_DATA, else build/data. */
 const char *kt_data_dir(void);

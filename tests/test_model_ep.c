@@ -160,12 +160,6 @@ static void check_equal(const target *t) {
     free(got);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void check_faults(void) {
     const target bt = {"built-in", NULL, KDT_BACKEND_CPU, KDT_F32};
     float *out = malloc(ROWS * 512 * sizeof(float));
@@ -173,22 +167,22 @@ static void check_faults(void) {
     char msg[600];
     /* Rank 2 of 4 fails to load: every rank's load fails; rank 0 names rank 2. */
     setenv("KDT_TEST_FAIL_LOAD_RANK", "2", 1);
-    double t0 = now_s();
+    double t0 = kt_now_s();
     kdt_status s = run_ranks(&bt, 4, 0, 60000, out, jobs, msg, sizeof msg);
     unsetenv("KDT_TEST_FAIL_LOAD_RANK");
     int all = s == KDT_ERR_COMM && strstr(msg, "rank 2") && strstr(msg, "injected");
     for (int r = 1; r < 4; r++) all &= jobs[r].load != KDT_OK;
-    kt_check(all, "fault: rank 2 of 4 fails to load: all 4 loads fail in %.3f s, rank 0 says \"%s\"", now_s() - t0, msg);
+    kt_check(all, "fault: rank 2 of 4 fails to load: all 4 loads fail in %.3f s, rank 0 says \"%s\"", kt_now_s() - t0, msg);
     /* Rank 1 dies after loading: rank 0's first forward fails at once with its message. */
-    t0 = now_s();
+    t0 = kt_now_s();
     s = run_ranks(&bt, 2, 1, 60000, out, jobs, msg, sizeof msg);
-    kt_check(s == KDT_ERR_COMM && strstr(msg, "rank 1 aborted") && now_s() - t0 < 30,
-             "fault: rank 1 aborts after loading: rank 0's forward fails in %.3f s: \"%s\"", now_s() - t0, msg);
+    kt_check(s == KDT_ERR_COMM && strstr(msg, "rank 1 aborted") && kt_now_s() - t0 < 30,
+             "fault: rank 1 aborts after loading: rank 0's forward fails in %.3f s: \"%s\"", kt_now_s() - t0, msg);
     /* Rank 1 loads and vanishes: rank 0's forward ends at the 400 ms timeout, naming it. */
-    t0 = now_s();
+    t0 = kt_now_s();
     s = run_ranks(&bt, 3, 2, 400, out, jobs, msg, sizeof msg);
-    kt_check(s == KDT_ERR_COMM && strstr(msg, "never arrived") && now_s() - t0 < 30,
-             "fault: ranks 1 and 2 load and never serve: rank 0's forward ends at the timeout (%.3f s): \"%s\"", now_s() - t0, msg);
+    kt_check(s == KDT_ERR_COMM && strstr(msg, "never arrived") && kt_now_s() - t0 < 30,
+             "fault: ranks 1 and 2 load and never serve: rank 0's forward ends at the timeout (%.3f s): \"%s\"", kt_now_s() - t0, msg);
     /* The CUDA backend takes one rank only so far: every rank says so. */
     const target cu = {"built-in", NULL, KDT_BACKEND_CUDA, KDT_BF16};
     s = run_ranks(&cu, 2, 0, 60000, out, jobs, msg, sizeof msg);
