@@ -27,6 +27,8 @@ int32_t kt_argmax(const float *x, int32_t n);
 double kt_chi2_sf(double x, int df);
 /* CLOCK_MONOTONIC in seconds. */
 double kt_now_s(void);
+/* |got - want| / |want| in L2 over n values (|got - want| when want is all zero), in double. */
+double kt_rel_l2(const float *got, const float *want, size_t n);
 
 /* Folder of generated bundles: $KDT_TEST_DATA, else build/data. */
 const char *kt_data_dir(void);

@@ -68,16 +68,6 @@ static float rnd_uniform(void) { return (float)rnd() * (2.0f / 4294967296.0f) - 
 static const char *dt_name(kdt_dtype dt) { return dt == KDT_BF16 ? "bf16" : "f32"; }
 static double tol_of(kdt_dtype dt) { return dt == KDT_BF16 ? TOL_BF16 : TOL_F32; }
 
-static double rel_l2(const float *got, const float *want, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -91,10 +81,10 @@ typedef struct stats {
 } stats;
 
 static stats row_stats(const float *got, const float *want, int64_t rows, int32_t V, double tol) {
-    stats s = {.all = rel_l2(got, want, (size_t)rows * V), .rows = rows};
+    stats s = {.all = kt_rel_l2(got, want, (size_t)rows * V), .rows = rows};
     double *e = malloc((size_t)rows * sizeof *e);
     for (int64_t r = 0; r < rows; r++) {
-        e[r] = rel_l2(got + r * V, want + r * V, (size_t)V);
+        e[r] = kt_rel_l2(got + r * V, want + r * V, (size_t)V);
         if (!(e[r] <= tol)) s.above++;
         if (isnan(e[r]) || e[r] > s.max) s.max = e[r]; /* NaN sticks */
         if (isnan(e[r])) e[r] = INFINITY;
@@ -224,8 +214,8 @@ static int32_t parting(const fixture *fx, const float *tf, int32_t *ours) {
 static void judge_rows(const float *got, const float *want, const float *emu, int64_t rows, int32_t V, double tol,
                        const float *margin, int *flipped, int64_t *excused, int64_t *failed, double *worst) {
     for (int64_t r = 0; r < rows; r++) {
-        const double e = rel_l2(got + r * V, want + r * V, (size_t)V);
-        const double ee = emu ? rel_l2(emu + r * V, want + r * V, (size_t)V) : 0;
+        const double e = kt_rel_l2(got + r * V, want + r * V, (size_t)V);
+        const double ee = emu ? kt_rel_l2(emu + r * V, want + r * V, (size_t)V) : 0;
         if (e <= (emu ? ee + tol * (1 + ee) : tol)) continue;
         if (isfinite(e) && margin && margin[r] < ROUTER_TIE) {
             ++*excused;
@@ -257,7 +247,7 @@ static void check_fixture_dtype(const fixture *fx, kdt_dtype dt) {
     }
     /* 1. Against transformers. */
     const stats tf = row_stats(gpu.tf, fx->want, P + N, V, tol), ctf = row_stats(cpu.tf, fx->want, P + N, V, tol);
-    const double pre = rel_l2(gpu.tf, fx->want, (size_t)P * V);
+    const double pre = kt_rel_l2(gpu.tf, fx->want, (size_t)P * V);
     if (!bf) {
         kt_check(tf.above == 0, "model %s cuda f32: logits vs transformers: prefill rel L2 %.2e, all %d rows %.2e, worst row %.2e "
                  "(tol %.0e)", fx->name, pre, P + N, tf.all, tf.max, tol);
@@ -312,7 +302,7 @@ static void check_fixture_dtype(const fixture *fx, kdt_dtype dt) {
         const float rmargin = cpu.margin ? cpu.margin[P - 1 + part] : INFINITY;
         const int near_tie = margin <= bound, router_tie = rmargin < ROUTER_TIE;
         const int same_as_cpu = cpu_part == part && cpu_ours == ours;
-        const double e_row = rel_l2(g, cpu.tf + row, (size_t)V);
+        const double e_row = kt_rel_l2(g, cpu.tf + row, (size_t)V);
         kt_check(near_tie || (bf && router_tie),
                  "model %s cuda %s: greedy continuation parts from transformers' at step %d of %d (ours %d, theirs %d): "
                  "transformers' margin of theirs over ours %.4f, its top-2 gap %.4f, near-tie bound %.4f, our margin %.4f; "
@@ -329,12 +319,12 @@ static void check_fixture_dtype(const fixture *fx, kdt_dtype dt) {
     for (int32_t i = 0; i < T; i++)
         if (tree_truth[i] >= 0) {
             const float *got = gpu.tree + (size_t)i * V, *want = fx->want + (size_t)(P + tree_truth[i]) * V;
-            const double e = rel_l2(got, want, (size_t)V);
+            const double e = kt_rel_l2(got, want, (size_t)V);
             tree_tf = e > tree_tf || isnan(e) ? e : tree_tf;
             judge_rows(got, want, bf ? cpu.tree + (size_t)i * V : NULL, 1, V, tol, cpu.margin ? cpu.margin + P + N + i : NULL,
                        &flipped, &t_excused, &t_failed, &worst);
         }
-    const double after_tf = rel_l2(gpu.after, fx->want + (size_t)(P + 4) * V, (size_t)V);
+    const double after_tf = kt_rel_l2(gpu.after, fx->want + (size_t)(P + 4) * V, (size_t)V);
     judge_rows(gpu.after, fx->want + (size_t)(P + 4) * V, bf ? cpu.after : NULL, 1, V, tol,
                cpu.margin ? cpu.margin + P + N + T : NULL, &flipped, &t_excused, &t_failed, &worst);
     kt_check(gpu.len_after == P + 5 && gpu.dev_len == P + 5 && gpu.view_dtype == dt && t_failed == 0 &&
@@ -407,7 +397,7 @@ static void print_rows_above(const float *got, const float *want, const kdt_batc
     double err[8];
     int n = 0;
     for (int64_t r = 0; r < rows; r++) {
-        double e = rel_l2(got + r * V, want + r * V, (size_t)V);
+        double e = kt_rel_l2(got + r * V, want + r * V, (size_t)V);
         if (isnan(e)) e = INFINITY;
         if (!(e > tol) || (n == 8 && e <= err[7])) continue;
         int at = n < 8 ? n++ : 7; /* the slot of the smallest kept, then moved up to its place */

@@ -60,12 +60,6 @@ static kdt_status run_model(const char *dir, kdt_backend be, int32_t P, int32_t 
     return s;
 }
 
-static double rel_l2(const float *a, const float *b, int32_t n) {
-    double num = 0, den = 0;
-    for (int32_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 /* Rows of got farther from want than TOL, plus, where twin is given, the twin's own distance from
  * want (against the CPU's f32: bf16 activations alone put rows of these fixtures at up to 2.5e-2
  * from f32, and |got - want| <= |got - twin| + |twin - want|); *worst is the largest excess. */
@@ -73,7 +67,7 @@ static int64_t rows_over(const float *got, const float *want, const float *twin,
     int64_t bad = 0;
     *worst = 0;
     for (int64_t r = 0; r < rows; r++) {
-        const double e = rel_l2(got + r * V, want + r * V, V) - (twin ? rel_l2(twin + r * V, want + r * V, V) : 0);
+        const double e = kt_rel_l2(got + r * V, want + r * V, V) - (twin ? kt_rel_l2(twin + r * V, want + r * V, V) : 0);
         bad += !(e <= TOL);
         *worst = isnan(e) || e > *worst ? e : *worst;
     }
