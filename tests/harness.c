@@ -79,6 +79,12 @@ double kt_rel_l2(const float *got, const float *want, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+float *kt_poisoned(size_t n) {
+    float *p = malloc(n * sizeof(float));
+    if (p) memset(p, 0xFF, n * sizeof(float));
+    return p;
+}
+
 const char *kt_basename(const char *path) {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;

@@ -29,6 +29,8 @@ double kt_chi2_sf(double x, int df);
 double kt_now_s(void);
 /* |got - want| / |want| in L2 over n values (|got - want| when want is all zero), in double. */
 double kt_rel_l2(const float *got, const float *want, size_t n);
+/* malloc of n floats, every byte 0xFF (NaN): an output the code under test must overwrite; NULL when out of memory. */
+float *kt_poisoned(size_t n);
 
 /* Folder of generated bundles: $KDT_TEST_DATA, else build/data. */
 const char *kt_data_dir(void);

@@ -104,12 +104,6 @@ static int batch_ok(stats s, double tol, int robust) {
     return robust ? s.median <= tol : s.all <= tol && s.max <= 10 * tol;
 }
 
-static float *poisoned(size_t n) {
-    float *p = malloc(n * sizeof(float));
-    if (p) memset(p, 0xFF, n * sizeof(float));
-    return p;
-}
-
 static kdt_status fwd(kdt_model *m, kdt_cache *c, int32_t req, int32_t n, const int32_t *tok, const int32_t *pos,
                       const uint8_t *mask, float *logits) {
     kdt_batch b = {.B = 1, .req = &req, .n_rows = &n, .tokens = tok, .positions = pos, .tree_mask = mask,
@@ -153,7 +147,7 @@ static void run_free(fx_run *r) {
 
 static kdt_status fx_forward(const fixture *fx, kdt_backend be, kdt_dtype dt, fx_run *out) {
     const int32_t P = fx->P, N = fx->N, V = fx->V;
-    *out = (fx_run){.tf = poisoned((size_t)(P + N) * V), .tree = poisoned((size_t)T * V), .after = poisoned((size_t)V),
+    *out = (fx_run){.tf = kt_poisoned((size_t)(P + N) * V), .tree = kt_poisoned((size_t)T * V), .after = kt_poisoned((size_t)V),
                     .dev_len = -1};
     float *mg = NULL;
     if (be == KDT_BACKEND_CPU && (mg = out->margin = malloc((size_t)(P + N + T + 1) * sizeof(float))))
@@ -161,7 +155,7 @@ static kdt_status fx_forward(const fixture *fx, kdt_backend be, kdt_dtype dt, fx
 #define PROBE(off) (m->probe_router_margin = mg ? mg + (off) : NULL)
     kdt_model *m = NULL;
     kdt_cache *c = NULL;
-    float *scratch = poisoned((size_t)P * V);
+    float *scratch = kt_poisoned((size_t)P * V);
     kdt_status s = kdt_model_load_as(fx->dir, be, dt, &m);
     if (s == KDT_OK) s = kdt_cache_create(m, 2, P + N + 8, 0, &c);
     if (s == KDT_OK) PROBE(0), s = fwd(m, c, 0, P, fx->prompt, NULL, NULL, out->tf);
@@ -426,8 +420,8 @@ static int both(suite *u, const kdt_batch *bt, int64_t rows, int with_hidden, co
     kdt_status s = KDT_OK;
     int k = 0;
     for (int i = 0; i < 2; i++) {
-        lg[i] = poisoned((size_t)rows * V);
-        if (with_hidden) hd[i] = poisoned((size_t)rows * hid);
+        lg[i] = kt_poisoned((size_t)rows * V);
+        if (with_hidden) hd[i] = kt_poisoned((size_t)rows * hid);
     }
     for (; k < 2 && s == KDT_OK; k++) s = forward_k(u, k, bt, lg[k], hd[k]);
     int ok = s == KDT_OK;
@@ -529,8 +523,8 @@ static void run_suite(suite *u) {
     /* Last-row logits and every row's hidden states of two new requests (slots 4 and 1). */
     const int32_t lreq[2] = {4, 1}, ln[2] = {12, 3};
     kdt_batch lb = {.B = 2, .req = lreq, .n_rows = ln, .tokens = tok + 200, .logits_rows = KDT_LOGITS_LAST};
-    float *lg[2] = {poisoned((size_t)2 * V), poisoned((size_t)2 * V)};
-    float *hd[2] = {poisoned((size_t)15 * u->hid), poisoned((size_t)15 * u->hid)};
+    float *lg[2] = {kt_poisoned((size_t)2 * V), kt_poisoned((size_t)2 * V)};
+    float *hd[2] = {kt_poisoned((size_t)15 * u->hid), kt_poisoned((size_t)15 * u->hid)};
     kdt_status s = KDT_OK;
     for (int k = 0; k < 2 && s == KDT_OK; k++) s = forward_k(u, k, &lb, lg[k], hd[k]);
     if (s != KDT_OK) {
@@ -719,7 +713,7 @@ static void check_conditioning(const char *dir) {
             for (int64_t i = 0, n = (int64_t)V * cf->hidden_size; i < n; i++)
                 ((float *)m[k]->embed)[i] *= (float)(1 + (((uint64_t)i * 2654435761u >> 7) & 1 ? COND_PERTURB : -COND_PERTURB));
         kdt_batch bt = {.B = NREQ, .req = req, .n_rows = pre, .tokens = tok, .logits_rows = KDT_LOGITS_ALL};
-        lg[k] = poisoned((size_t)rows * V);
+        lg[k] = kt_poisoned((size_t)rows * V);
         s = kdt_model_forward(m[k], c[k], &bt, lg[k], NULL, NULL);
     }
     if (s != KDT_OK) {

@@ -25,12 +25,6 @@ typedef struct run {
     size_t now[4], bf16[4];      /* device bytes by part, summed over the layers (CUDA) */
 } run;
 
-static float *poisoned(size_t n) {
-    float *p = malloc(n * sizeof(float));
-    if (p) memset(p, 0xFF, n * sizeof(float));
-    return p;
-}
-
 static kdt_status forward(kdt_model *m, kdt_cache *c, int32_t B, const int32_t *req, const int32_t *n, const int32_t *tok,
                           float *logits) {
     kdt_batch b = {.B = B, .req = req, .n_rows = n, .tokens = tok, .logits_rows = KDT_LOGITS_ALL};
@@ -38,7 +32,7 @@ static kdt_status forward(kdt_model *m, kdt_cache *c, int32_t B, const int32_t *
 }
 
 static kdt_status run_model(const char *dir, kdt_backend be, int32_t P, int32_t N, const int32_t *tok, int32_t V, run *r) {
-    *r = (run){.tf = poisoned((size_t)(P + N) * V), .batch = poisoned((size_t)2 * (P + N) * V)};
+    *r = (run){.tf = kt_poisoned((size_t)(P + N) * V), .batch = kt_poisoned((size_t)2 * (P + N) * V)};
     kdt_model *m = NULL;
     kdt_cache *c = NULL;
     kdt_status s = kdt_model_load_as(dir, be, be == KDT_BACKEND_CUDA ? KDT_BF16 : KDT_F32, &m);
