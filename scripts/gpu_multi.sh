@@ -39,7 +39,7 @@ for t in test_comm test_model_ep; do
     step "$t" 60 "$T/$t"
     grep -E '^(FAIL|SKIP) ' "$LOGS/$t.log" | head -10
     grep -E '^(PASS|SKIP)  nccl' "$LOGS/$t.log" | head -3
-    note "$( [ "$(grep -c '^FAIL' "$LOGS/$t.log")" = 0 ] && [ "$(grep -c '^PASS' "$LOGS/$t.log")" -gt 0 ] && echo PASS || echo FAIL)  $t: $(grep -c '^PASS' "$LOGS/$t.log") passed, $(grep -c '^FAIL' "$LOGS/$t.log") failed, $(grep -c '^SKIP' "$LOGS/$t.log") skipped"
+    note "$( [ "$(grep -c '^FAIL' "$LOGS/$t.log")" = 0 ] && [ "$(grep -c '^PASS' "$LOGS/$t.log")" -gt 0 ] && echo PASS || echo FAIL)  $t: $(counts "$LOGS/$t.log")"
 done
 
 # A world of one on the GPU: --gpus 1 is today's path, the output must be today's.

@@ -4,6 +4,7 @@
 #   note LINE...            prints "## LINE" and keeps it in the summary array
 #   step NAME LIMIT CMD...  CMD under LIMIT seconds, cut to what is left before DEADLINE, its output in
 #                           $LOGS/NAME.log; notes its exit code and time; returns its exit code
+#   counts LOG              a test log's "P passed, F failed, S skipped" (its PASS / FAIL / SKIP lines)
 summary=()
 note() { summary+=("$*"); echo "## $*"; }
 step() {
@@ -16,3 +17,4 @@ step() {
     note "$name: exit $rc in $((SECONDS - t0)) s"
     return $rc
 }
+counts() { echo "$(grep -c '^PASS' "$1") passed, $(grep -c '^FAIL' "$1") failed, $(grep -c '^SKIP' "$1") skipped"; }

@@ -28,7 +28,7 @@ for t in test_quant_gemm test_quant test_model test_model_cuda; do
     [ -x "$T/$t" ] || { note "$t: not built"; continue; }
     step "$t" 60 "$T/$t"
     grep -E '^(FAIL|SKIP) ' "$LOGS/$t.log" | head -20
-    note "$t: $(grep -c '^PASS' "$LOGS/$t.log") passed, $(grep -c '^FAIL' "$LOGS/$t.log") failed, $(grep -c '^SKIP' "$LOGS/$t.log") skipped"
+    note "$t: $(counts "$LOGS/$t.log")"
 done
 
 # generate on the quantized folders: the CUDA backend (bf16) next to the CPU (f32)

@@ -20,7 +20,7 @@ run_tests() {  # run_tests TIMEOUT NAME...: each test binary, its FAIL/SKIP line
         [ -x "$T/$t" ] || { note "$t: not built"; continue; }
         step "$t" "$limit" "$T/$t"
         grep -E '^(FAIL|SKIP) |device bytes' "$LOGS/$t.log" | head -20
-        note "$t: $(grep -c '^PASS' "$LOGS/$t.log") passed, $(grep -c '^FAIL' "$LOGS/$t.log") failed, $(grep -c '^SKIP' "$LOGS/$t.log") skipped"
+        note "$t: $(counts "$LOGS/$t.log")"
     done
 }
 

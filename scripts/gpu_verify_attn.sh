@@ -70,7 +70,7 @@ if [ -x "$T" ]; then
     wait $p1 $p2 $p3
     L="$LOGS/test_verify_attn_fast.log"
     grep -E '^FAIL' "$L" | head -8
-    note "test_verify_attn_fast: $(grep -c '^PASS' "$L") passed, $(grep -c '^FAIL' "$L") failed, $(grep -c '^SKIP' "$L") skipped$(grep -q 'seed' "$L" && echo ", $(grep -o 'seed [0-9]*' "$L" | head -1)")"
+    note "test_verify_attn_fast: $(counts "$L")$(grep -q 'seed' "$L" && echo ", $(grep -o 'seed [0-9]*' "$L" | head -1)")"
     for s in memcheck racecheck; do
         note "$s (--quick): $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/$s.log" | head -1), test lines $(grep -c '^PASS' "$LOGS/$s.log") PASS $(grep -c '^FAIL' "$LOGS/$s.log") FAIL"
     done

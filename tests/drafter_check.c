@@ -18,10 +18,10 @@ kdt_status kt_target_states(kdt_model *m, const kdt_drafter *dr, const int32_t *
     return s;
 }
 
-kdt_status kt_draft_fresh(kdt_drafter *dr, const kdt_model_config *cf, const int32_t *hist, int32_t len, int32_t D,
-                          int32_t K, const float *hidden, float *scores, int32_t *tokens) {
+kdt_status kt_draft_fresh(kdt_drafter *dr, const kdt_model_config *cf, kdt_backend be, const int32_t *hist, int32_t len,
+                          int32_t D, int32_t K, const float *hidden, float *scores, int32_t *tokens) {
     const kdt_draft_setup set = {.slots = 1, .max_len = len + 1, .D = D, .K = K, .vocab_size = cf->vocab_size,
-                                 .hidden_size = cf->hidden_size, .backend = KDT_BACKEND_CPU};
+                                 .hidden_size = cf->hidden_size, .backend = be};
     const int32_t slot = 0, n_new = 1, zero = 0, rows = len - 1;
     const int32_t *hp = hist;
     const kdt_draft_ctx ctx = {.B = 1, .slot = &slot, .history = &hp, .hist_len = &len};

@@ -7,10 +7,11 @@
 
 #include "kdt/spec.h"
 
-/* Prefills a begun-anew drafter dr with history hist [len] (hidden: the target's features of its
- * first len - 1 tokens, as the drafter wants them) and takes its D x K proposal. */
-kdt_status kt_draft_fresh(kdt_drafter *dr, const kdt_model_config *cf, const int32_t *hist, int32_t len, int32_t D,
-                          int32_t K, const float *hidden, float *scores, int32_t *tokens);
+/* Prefills a begun-anew drafter dr on backend be with history hist [len] (hidden: the target's features
+ * of its first len - 1 tokens, as the drafter wants them) and takes its D x K proposal (hidden, scores
+ * and tokens in be's memory). */
+kdt_status kt_draft_fresh(kdt_drafter *dr, const kdt_model_config *cf, kdt_backend be, const int32_t *hist, int32_t len,
+                          int32_t D, int32_t K, const float *hidden, float *scores, int32_t *tokens);
 
 /* The target's states of tokens [n] as drafter dr wants them (its layers, or the final norm's
  * output), from a forward in a fresh cache: hidden [n, W] in the target's backend memory. Leaves

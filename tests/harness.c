@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 
@@ -48,6 +49,40 @@ uint64_t kt_splitmix64(uint64_t *state) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+int32_t kt_argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+double kt_chi2_sf(double x, int df) {
+    const double k = df, z = (cbrt(x / k) - (1 - 2 / (9 * k))) / sqrt(2 / (9 * k));
+    return 0.5 * erfc(z / sqrt(2.0));
+}
+
+double kt_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double kt_rel_l2(const float *got, const float *want, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+float *kt_poisoned(size_t n) {
+    float *p = malloc(n * sizeof(float));
+    if (p) memset(p, 0xFF, n * sizeof(float));
+    return p;
 }
 
 const char *kt_basename(const char *path) {

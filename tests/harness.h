@@ -21,6 +21,17 @@ int kt_exit_code(void);       /* 1 if any FAIL was printed */
 /* splitmix64: the next number of the sequence that *state walks (the tests' seeded random data). */
 uint64_t kt_splitmix64(uint64_t *state);
 
+/* Index of the largest of x [n], the first one on ties. */
+int32_t kt_argmax(const float *x, int32_t n);
+/* Upper tail of chi-square with df degrees of freedom (Wilson-Hilferty). */
+double kt_chi2_sf(double x, int df);
+/* CLOCK_MONOTONIC in seconds. */
+double kt_now_s(void);
+/* |got - want| / |want| in L2 over n values (|got - want| when want is all zero), in double. */
+double kt_rel_l2(const float *got, const float *want, size_t n);
+/* malloc of n floats, every byte 0xFF (NaN): an output the code under test must overwrite; NULL when out of memory. */
+float *kt_poisoned(size_t n);
+
 /* Folder of generated bundles: $KDT_TEST_DATA, else build/data. */
 const char *kt_data_dir(void);
 /* Sorted paths of <data_dir>/<prefix>*.kdtr; returns the count (0 if none). Free with kt_free_list. */

@@ -186,21 +186,15 @@ typedef struct fjob {
     double secs;
 } fjob;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void *fault_main(void *arg) {
     fjob *j = arg;
     kdt_comm *c;
     if (kdt_comm_init(j->w, j->rank, &c) != KDT_OK) return NULL;
     float x[8] = {0};
-    const double t0 = now_s();
+    const double t0 = kt_now_s();
     if (j->mode == 1) kdt_comm_abort(c, "the test's rank died");
     else if (j->mode != 2) j->s = kdt_comm_all_reduce(c, x, x, j->mode == 3 ? 7 : 8, KDT_F32, NULL);
-    j->secs = now_s() - t0;
+    j->secs = kt_now_s() - t0;
     snprintf(j->msg, sizeof j->msg, "%s", j->s ? kdt_last_error() : "");
     kdt_comm_free(c);
     return NULL;

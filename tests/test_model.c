@@ -26,23 +26,6 @@ static const char *fixture_root(void) {
     return d && *d ? d : "tests/fixtures/model";
 }
 
-static double rel_l2(const float *got, const float *want, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* One forward of a single request's rows; logits [n, V]. */
 static kdt_status fwd(kdt_model *m, kdt_cache *c, int32_t req, int32_t n, const int32_t *tok, const int32_t *pos,
                       const uint8_t *mask, float *logits) {
@@ -84,15 +67,15 @@ static void check_fixture(const char *dir) {
         free(got); free(gen);
         goto done;
     }
-    int32_t next = argmax(got + (size_t)(P - 1) * V, V);
+    int32_t next = kt_argmax(got + (size_t)(P - 1) * V, V);
     for (int32_t i = 0; i < N && s == KDT_OK; i++) {
         gen[i] = next;
         s = fwd(m, c, 0, 1, &gen[i], NULL, NULL, got + (size_t)(P + i) * V);
-        next = argmax(got + (size_t)(P + i) * V, V);
+        next = kt_argmax(got + (size_t)(P + i) * V, V);
     }
     if (s != KDT_OK) kt_fail("model %s: decode: %s", name, kdt_last_error());
     else {
-        double e_pre = rel_l2(got, wl, (size_t)P * V), e_all = rel_l2(got, wl, (size_t)(P + N) * V);
+        double e_pre = kt_rel_l2(got, wl, (size_t)P * V), e_all = kt_rel_l2(got, wl, (size_t)(P + N) * V);
         kt_check(e_pre <= LOGIT_TOL && e_all <= LOGIT_TOL, "model %s: logits vs transformers: prefill rel L2 %.2e, all %d rows %.2e (tol %.0e)",
                  name, e_pre, P + N, e_all, LOGIT_TOL);
         int32_t first_diff = -1;
@@ -124,7 +107,7 @@ static void check_fixture(const char *dir) {
         double worst = 0;
         for (int32_t i = 0; i < T; i++)
             if (truth[i] >= 0) {
-                double e = rel_l2(tl + (size_t)i * V, wl + (size_t)(P + truth[i]) * V, (size_t)V);
+                double e = kt_rel_l2(tl + (size_t)i * V, wl + (size_t)(P + truth[i]) * V, (size_t)V);
                 worst = e > worst ? e : worst;
             }
         kt_check(worst <= LOGIT_TOL, "model %s: tree of %d rows with decoys: true-path logits rel L2 %.2e", name, T, worst);
@@ -133,9 +116,9 @@ static void check_fixture(const char *dir) {
         if (s == KDT_OK) s = fwd(m, c, 1, 1, &ctok[4], NULL, NULL, tl);
         if (s != KDT_OK) kt_fail("model %s: kv_commit then decode: %s", name, kdt_last_error());
         else
-            kt_check(kdt_cache_len(c, 1) == P + 5 && rel_l2(tl, wl + (size_t)(P + 4) * V, (size_t)V) <= LOGIT_TOL,
+            kt_check(kdt_cache_len(c, 1) == P + 5 && kt_rel_l2(tl, wl + (size_t)(P + 4) * V, (size_t)V) <= LOGIT_TOL,
                      "model %s: after kv_commit of the accepted path, the next decode matches (rel L2 %.2e, cache %d rows)", name,
-                     rel_l2(tl, wl + (size_t)(P + 4) * V, (size_t)V), kdt_cache_len(c, 1));
+                     kt_rel_l2(tl, wl + (size_t)(P + 4) * V, (size_t)V), kdt_cache_len(c, 1));
     }
     free(tl);
     free(got);
@@ -171,7 +154,7 @@ static void check_bf16_emulation(const char *dir) {
     if (s != KDT_OK) {
         kt_fail("model %s bf16 emulation: %s", name, kdt_last_error());
     } else {
-        const double e = rel_l2(got, want.data, (size_t)P * V);
+        const double e = kt_rel_l2(got, want.data, (size_t)P * V);
         kt_check(e > 1e-4 && e <= 2e-2 && kdt_model_dtype(m) == KDT_BF16 && view.dtype == KDT_F32,
                  "model %s: CPU bf16 emulation: prompt logits vs transformers rel L2 %.2e (rounded: > 1e-4; <= 2e-2), cache "
                  "stored as %s", name, e, kdt_dtype_name(view.dtype));
@@ -210,7 +193,7 @@ static void check_builtin(void) {
     kdt_batch bt = {.B = 2, .req = req, .n_rows = nr, .tokens = both, .logits_rows = KDT_LOGITS_ALL};
     ok = ok && kdt_model_forward(m, c, &bt, lab, NULL, NULL) == KDT_OK;
     if (!ok) { kt_fail("builtin: forward: %s", kdt_last_error()); goto free_bufs; }
-    kt_check(rel_l2(lab, lb, (size_t)NB * V) < 1e-6 && rel_l2(lab + (size_t)NB * V, la, (size_t)NA * V) < 1e-6,
+    kt_check(kt_rel_l2(lab, lb, (size_t)NB * V) < 1e-6 && kt_rel_l2(lab + (size_t)NB * V, la, (size_t)NA * V) < 1e-6,
              "builtin: a batch of two requests gives each request's own logits");
     double mean = 0, var = 0;
     int finite = 1;
@@ -225,13 +208,13 @@ static void check_builtin(void) {
     ok = kdt_cache_reset(c, 0) == KDT_OK && kdt_cache_reset(c, 2) == KDT_OK;
     bt.logits_rows = KDT_LOGITS_LAST;
     ok = ok && kdt_model_forward(m, c, &bt, last, h_both, NULL) == KDT_OK;
-    kt_check(ok && rel_l2(last, lb + (size_t)(NB - 1) * V, (size_t)V) < 1e-6 && rel_l2(last + V, la + (size_t)(NA - 1) * V, (size_t)V) < 1e-6,
+    kt_check(ok && kt_rel_l2(last, lb + (size_t)(NB - 1) * V, (size_t)V) < 1e-6 && kt_rel_l2(last + V, la + (size_t)(NA - 1) * V, (size_t)V) < 1e-6,
              "builtin: KDT_LOGITS_LAST gives each request's last row");
     kdt_batch one = {.B = 1, .req = &req[0], .n_rows = &nr[1], .tokens = ta, .logits_rows = KDT_LOGITS_LAST};
     ok = ok && kdt_cache_reset(c, 2) == KDT_OK && kdt_model_forward(m, c, &one, NULL, h_a, NULL) == KDT_OK;
     double hn = 0;
     for (int32_t i = 0; ok && i < hid; i++) hn += (double)h_a[i] * h_a[i];
-    kt_check(ok && rel_l2(h_both + (size_t)NB * hid, h_a, (size_t)NA * hid) < 1e-6 && sqrt(hn / hid) > 0.5 && sqrt(hn / hid) < 2,
+    kt_check(ok && kt_rel_l2(h_both + (size_t)NB * hid, h_a, (size_t)NA * hid) < 1e-6 && sqrt(hn / hid) > 0.5 && sqrt(hn / hid) < 2,
              "builtin: final hidden states (RMS %.2f after the last norm) do not depend on the batch", sqrt(hn / hid));
     free(h_both);
     free(h_a);
@@ -241,7 +224,7 @@ static void check_builtin(void) {
     kdt_cache_free(c2);
     c2 = NULL;
     ok = kdt_cache_create(m3, 1, 64, 0, &c2) == KDT_OK && fwd(m3, c2, 0, NA, ta, NULL, NULL, l2) == KDT_OK;
-    kt_check(ok && rel_l2(l2, la, (size_t)NA * V) > 0.1, "builtin: another seed gives another model");
+    kt_check(ok && kt_rel_l2(l2, la, (size_t)NA * V) > 0.1, "builtin: another seed gives another model");
 free_bufs:
     kdt_cache_free(c2);
     free(la); free(lb); free(lab); free(l2); free(last);
@@ -270,8 +253,8 @@ static void check_chunked_prefill(void) {
     ok = ok && fwd(m, c, 1, SPLIT, tok, NULL, NULL, buf) == KDT_OK && fwd(m, c, 1, N - SPLIT, tok + SPLIT, NULL, NULL, buf) == KDT_OK;
     if (ok) memcpy(b, buf + (size_t)(N - SPLIT - 8) * V, sizeof(float) * 8 * V);
     if (!ok) kt_fail("chunked prefill: %s", kdt_last_error());
-    else kt_check(rel_l2(a, b, (size_t)8 * V) < 1e-5, "chunked prefill of %d rows equals %d + %d rows (rel L2 %.2e)", N, SPLIT,
-                  N - SPLIT, rel_l2(a, b, (size_t)8 * V));
+    else kt_check(kt_rel_l2(a, b, (size_t)8 * V) < 1e-5, "chunked prefill of %d rows equals %d + %d rows (rel L2 %.2e)", N, SPLIT,
+                  N - SPLIT, kt_rel_l2(a, b, (size_t)8 * V));
     /* A full cache is refused and leaves the request as it was. */
     kdt_status s = fwd(m, c, 0, 1, tok, NULL, NULL, buf);
     kt_check(s != KDT_OK && kdt_cache_len(c, 0) == N && strstr(kdt_last_error(), "max_len"),

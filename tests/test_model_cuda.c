@@ -68,16 +68,6 @@ static float rnd_uniform(void) { return (float)rnd() * (2.0f / 4294967296.0f) - 
 static const char *dt_name(kdt_dtype dt) { return dt == KDT_BF16 ? "bf16" : "f32"; }
 static double tol_of(kdt_dtype dt) { return dt == KDT_BF16 ? TOL_BF16 : TOL_F32; }
 
-static double rel_l2(const float *got, const float *want, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -91,10 +81,10 @@ typedef struct stats {
 } stats;
 
 static stats row_stats(const float *got, const float *want, int64_t rows, int32_t V, double tol) {
-    stats s = {.all = rel_l2(got, want, (size_t)rows * V), .rows = rows};
+    stats s = {.all = kt_rel_l2(got, want, (size_t)rows * V), .rows = rows};
     double *e = malloc((size_t)rows * sizeof *e);
     for (int64_t r = 0; r < rows; r++) {
-        e[r] = rel_l2(got + r * V, want + r * V, (size_t)V);
+        e[r] = kt_rel_l2(got + r * V, want + r * V, (size_t)V);
         if (!(e[r] <= tol)) s.above++;
         if (isnan(e[r]) || e[r] > s.max) s.max = e[r]; /* NaN sticks */
         if (isnan(e[r])) e[r] = INFINITY;
@@ -112,19 +102,6 @@ static stats row_stats(const float *got, const float *want, int64_t rows, int32_
  * attention a little the rows after it; a bug moves them all). */
 static int batch_ok(stats s, double tol, int robust) {
     return robust ? s.median <= tol : s.all <= tol && s.max <= 10 * tol;
-}
-
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
-static float *poisoned(size_t n) {
-    float *p = malloc(n * sizeof(float));
-    if (p) memset(p, 0xFF, n * sizeof(float));
-    return p;
 }
 
 static kdt_status fwd(kdt_model *m, kdt_cache *c, int32_t req, int32_t n, const int32_t *tok, const int32_t *pos,
@@ -170,7 +147,7 @@ static void run_free(fx_run *r) {
 
 static kdt_status fx_forward(const fixture *fx, kdt_backend be, kdt_dtype dt, fx_run *out) {
     const int32_t P = fx->P, N = fx->N, V = fx->V;
-    *out = (fx_run){.tf = poisoned((size_t)(P + N) * V), .tree = poisoned((size_t)T * V), .after = poisoned((size_t)V),
+    *out = (fx_run){.tf = kt_poisoned((size_t)(P + N) * V), .tree = kt_poisoned((size_t)T * V), .after = kt_poisoned((size_t)V),
                     .dev_len = -1};
     float *mg = NULL;
     if (be == KDT_BACKEND_CPU && (mg = out->margin = malloc((size_t)(P + N + T + 1) * sizeof(float))))
@@ -178,7 +155,7 @@ static kdt_status fx_forward(const fixture *fx, kdt_backend be, kdt_dtype dt, fx
 #define PROBE(off) (m->probe_router_margin = mg ? mg + (off) : NULL)
     kdt_model *m = NULL;
     kdt_cache *c = NULL;
-    float *scratch = poisoned((size_t)P * V);
+    float *scratch = kt_poisoned((size_t)P * V);
     kdt_status s = kdt_model_load_as(fx->dir, be, dt, &m);
     if (s == KDT_OK) s = kdt_cache_create(m, 2, P + N + 8, 0, &c);
     if (s == KDT_OK) PROBE(0), s = fwd(m, c, 0, P, fx->prompt, NULL, NULL, out->tf);
@@ -215,7 +192,7 @@ static kdt_status fx_forward(const fixture *fx, kdt_backend be, kdt_dtype dt, fx
 /* Where the teacher-forced greedy choice first differs from transformers' token; -1: nowhere. */
 static int32_t parting(const fixture *fx, const float *tf, int32_t *ours) {
     for (int32_t i = 0; i < fx->N; i++) {
-        *ours = argmax(tf + (size_t)(fx->P - 1 + i) * fx->V, fx->V);
+        *ours = kt_argmax(tf + (size_t)(fx->P - 1 + i) * fx->V, fx->V);
         if (*ours != fx->cont[i]) return i;
     }
     return -1;
@@ -231,8 +208,8 @@ static int32_t parting(const fixture *fx, const float *tf, int32_t *ours) {
 static void judge_rows(const float *got, const float *want, const float *emu, int64_t rows, int32_t V, double tol,
                        const float *margin, int *flipped, int64_t *excused, int64_t *failed, double *worst) {
     for (int64_t r = 0; r < rows; r++) {
-        const double e = rel_l2(got + r * V, want + r * V, (size_t)V);
-        const double ee = emu ? rel_l2(emu + r * V, want + r * V, (size_t)V) : 0;
+        const double e = kt_rel_l2(got + r * V, want + r * V, (size_t)V);
+        const double ee = emu ? kt_rel_l2(emu + r * V, want + r * V, (size_t)V) : 0;
         if (e <= (emu ? ee + tol * (1 + ee) : tol)) continue;
         if (isfinite(e) && margin && margin[r] < ROUTER_TIE) {
             ++*excused;
@@ -264,7 +241,7 @@ static void check_fixture_dtype(const fixture *fx, kdt_dtype dt) {
     }
     /* 1. Against transformers. */
     const stats tf = row_stats(gpu.tf, fx->want, P + N, V, tol), ctf = row_stats(cpu.tf, fx->want, P + N, V, tol);
-    const double pre = rel_l2(gpu.tf, fx->want, (size_t)P * V);
+    const double pre = kt_rel_l2(gpu.tf, fx->want, (size_t)P * V);
     if (!bf) {
         kt_check(tf.above == 0, "model %s cuda f32: logits vs transformers: prefill rel L2 %.2e, all %d rows %.2e, worst row %.2e "
                  "(tol %.0e)", fx->name, pre, P + N, tf.all, tf.max, tol);
@@ -319,7 +296,7 @@ static void check_fixture_dtype(const fixture *fx, kdt_dtype dt) {
         const float rmargin = cpu.margin ? cpu.margin[P - 1 + part] : INFINITY;
         const int near_tie = margin <= bound, router_tie = rmargin < ROUTER_TIE;
         const int same_as_cpu = cpu_part == part && cpu_ours == ours;
-        const double e_row = rel_l2(g, cpu.tf + row, (size_t)V);
+        const double e_row = kt_rel_l2(g, cpu.tf + row, (size_t)V);
         kt_check(near_tie || (bf && router_tie),
                  "model %s cuda %s: greedy continuation parts from transformers' at step %d of %d (ours %d, theirs %d): "
                  "transformers' margin of theirs over ours %.4f, its top-2 gap %.4f, near-tie bound %.4f, our margin %.4f; "
@@ -336,12 +313,12 @@ static void check_fixture_dtype(const fixture *fx, kdt_dtype dt) {
     for (int32_t i = 0; i < T; i++)
         if (tree_truth[i] >= 0) {
             const float *got = gpu.tree + (size_t)i * V, *want = fx->want + (size_t)(P + tree_truth[i]) * V;
-            const double e = rel_l2(got, want, (size_t)V);
+            const double e = kt_rel_l2(got, want, (size_t)V);
             tree_tf = e > tree_tf || isnan(e) ? e : tree_tf;
             judge_rows(got, want, bf ? cpu.tree + (size_t)i * V : NULL, 1, V, tol, cpu.margin ? cpu.margin + P + N + i : NULL,
                        &flipped, &t_excused, &t_failed, &worst);
         }
-    const double after_tf = rel_l2(gpu.after, fx->want + (size_t)(P + 4) * V, (size_t)V);
+    const double after_tf = kt_rel_l2(gpu.after, fx->want + (size_t)(P + 4) * V, (size_t)V);
     judge_rows(gpu.after, fx->want + (size_t)(P + 4) * V, bf ? cpu.after : NULL, 1, V, tol,
                cpu.margin ? cpu.margin + P + N + T : NULL, &flipped, &t_excused, &t_failed, &worst);
     kt_check(gpu.len_after == P + 5 && gpu.dev_len == P + 5 && gpu.view_dtype == dt && t_failed == 0 &&
@@ -414,7 +391,7 @@ static void print_rows_above(const float *got, const float *want, const kdt_batc
     double err[8];
     int n = 0;
     for (int64_t r = 0; r < rows; r++) {
-        double e = rel_l2(got + r * V, want + r * V, (size_t)V);
+        double e = kt_rel_l2(got + r * V, want + r * V, (size_t)V);
         if (isnan(e)) e = INFINITY;
         if (!(e > tol) || (n == 8 && e <= err[7])) continue;
         int at = n < 8 ? n++ : 7; /* the slot of the smallest kept, then moved up to its place */
@@ -443,8 +420,8 @@ static int both(suite *u, const kdt_batch *bt, int64_t rows, int with_hidden, co
     kdt_status s = KDT_OK;
     int k = 0;
     for (int i = 0; i < 2; i++) {
-        lg[i] = poisoned((size_t)rows * V);
-        if (with_hidden) hd[i] = poisoned((size_t)rows * hid);
+        lg[i] = kt_poisoned((size_t)rows * V);
+        if (with_hidden) hd[i] = kt_poisoned((size_t)rows * hid);
     }
     for (; k < 2 && s == KDT_OK; k++) s = forward_k(u, k, bt, lg[k], hd[k]);
     int ok = s == KDT_OK;
@@ -493,7 +470,7 @@ static void run_suite(suite *u) {
              u->name, sqrt(var / (84.0 * V)));
     for (int b = 0, end = 0; b < NREQ; b++) {
         end += pre[b];
-        next[b] = argmax(cpu + (size_t)(end - 1) * V, V);
+        next[b] = kt_argmax(cpu + (size_t)(end - 1) * V, V);
     }
     /* Decode steps of the three, one attention call, each feeding the CPU's greedy tokens. */
     for (int step = 0; step < 3; step++) {
@@ -501,7 +478,7 @@ static void run_suite(suite *u) {
         char what[64];
         snprintf(what, sizeof what, "decode step %d of 3 requests", step);
         if (!both(u, &d, NREQ, step == 0, what, cpu)) goto done;
-        for (int b = 0; b < NREQ; b++) next[b] = argmax(cpu + (size_t)b * V, V);
+        for (int b = 0; b < NREQ; b++) next[b] = kt_argmax(cpu + (size_t)b * V, V);
     }
     /* Trees of 7, 7 and 5 rows (the first two share an attention call): random parents and tokens,
      * positions after each request's cache. */
@@ -546,8 +523,8 @@ static void run_suite(suite *u) {
     /* Last-row logits and every row's hidden states of two new requests (slots 4 and 1). */
     const int32_t lreq[2] = {4, 1}, ln[2] = {12, 3};
     kdt_batch lb = {.B = 2, .req = lreq, .n_rows = ln, .tokens = tok + 200, .logits_rows = KDT_LOGITS_LAST};
-    float *lg[2] = {poisoned((size_t)2 * V), poisoned((size_t)2 * V)};
-    float *hd[2] = {poisoned((size_t)15 * u->hid), poisoned((size_t)15 * u->hid)};
+    float *lg[2] = {kt_poisoned((size_t)2 * V), kt_poisoned((size_t)2 * V)};
+    float *hd[2] = {kt_poisoned((size_t)15 * u->hid), kt_poisoned((size_t)15 * u->hid)};
     kdt_status s = KDT_OK;
     for (int k = 0; k < 2 && s == KDT_OK; k++) s = forward_k(u, k, &lb, lg[k], hd[k]);
     if (s != KDT_OK) {
@@ -736,7 +713,7 @@ static void check_conditioning(const char *dir) {
             for (int64_t i = 0, n = (int64_t)V * cf->hidden_size; i < n; i++)
                 ((float *)m[k]->embed)[i] *= (float)(1 + (((uint64_t)i * 2654435761u >> 7) & 1 ? COND_PERTURB : -COND_PERTURB));
         kdt_batch bt = {.B = NREQ, .req = req, .n_rows = pre, .tokens = tok, .logits_rows = KDT_LOGITS_ALL};
-        lg[k] = poisoned((size_t)rows * V);
+        lg[k] = kt_poisoned((size_t)rows * V);
         s = kdt_model_forward(m[k], c[k], &bt, lg[k], NULL, NULL);
     }
     if (s != KDT_OK) {

@@ -34,12 +34,6 @@ static kdt_status load(const target *t, kdt_comm *comm, kdt_model **m) {
                   : kdt_model_builtin_ranked(BUILTIN_SEED, t->backend, t->dtype, comm, m);
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
-    return b;
-}
-
 #define ROWS 18 /* prefill 6 + 4, two decode steps of 2, a tree of 4 */
 
 /* Prefill of two requests in one batch, two batched decode steps, a tree with two branches on
@@ -56,13 +50,13 @@ static kdt_status run_seq(kdt_model *m, float *out) {
     s = kdt_model_forward(m, c, &b, out, NULL, NULL);
     float *o = out + 10 * (size_t)V;
     for (int step = 0; step < 2 && s == KDT_OK; step++, o += 2 * (size_t)V) {
-        int32_t one[2] = {1, 1}, t2[2] = {argmax(o - 2 * (size_t)V, V), argmax(o - (size_t)V, V)};
+        int32_t one[2] = {1, 1}, t2[2] = {kt_argmax(o - 2 * (size_t)V, V), kt_argmax(o - (size_t)V, V)};
         b = (kdt_batch){.B = 2, .req = req, .n_rows = one, .tokens = t2, .logits_rows = KDT_LOGITS_ALL};
         s = kdt_model_forward(m, c, &b, o, NULL, NULL);
     }
     /* Tree: root, two children of the root, a grandchild under the first. */
     const int32_t len = kdt_cache_len(c, 1), q = 4, r1 = 1;
-    int32_t tt[4] = {argmax(o - (size_t)V, V), 3 % V, 5 % V, 7 % V}, pos[4] = {len, len + 1, len + 1, len + 2};
+    int32_t tt[4] = {kt_argmax(o - (size_t)V, V), 3 % V, 5 % V, 7 % V}, pos[4] = {len, len + 1, len + 1, len + 2};
     const uint8_t mask[16] = {1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 0, 1, 1, 0, 1};
     b = (kdt_batch){.B = 1, .req = &r1, .n_rows = &q, .tokens = tt, .positions = pos, .tree_mask = mask,
                     .logits_rows = KDT_LOGITS_ALL};
@@ -166,12 +160,6 @@ static void check_equal(const target *t) {
     free(got);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void check_faults(void) {
     const target bt = {"built-in", NULL, KDT_BACKEND_CPU, KDT_F32};
     float *out = malloc(ROWS * 512 * sizeof(float));
@@ -179,22 +167,22 @@ static void check_faults(void) {
     char msg[600];
     /* Rank 2 of 4 fails to load: every rank's load fails; rank 0 names rank 2. */
     setenv("KDT_TEST_FAIL_LOAD_RANK", "2", 1);
-    double t0 = now_s();
+    double t0 = kt_now_s();
     kdt_status s = run_ranks(&bt, 4, 0, 60000, out, jobs, msg, sizeof msg);
     unsetenv("KDT_TEST_FAIL_LOAD_RANK");
     int all = s == KDT_ERR_COMM && strstr(msg, "rank 2") && strstr(msg, "injected");
     for (int r = 1; r < 4; r++) all &= jobs[r].load != KDT_OK;
-    kt_check(all, "fault: rank 2 of 4 fails to load: all 4 loads fail in %.3f s, rank 0 says \"%s\"", now_s() - t0, msg);
+    kt_check(all, "fault: rank 2 of 4 fails to load: all 4 loads fail in %.3f s, rank 0 says \"%s\"", kt_now_s() - t0, msg);
     /* Rank 1 dies after loading: rank 0's first forward fails at once with its message. */
-    t0 = now_s();
+    t0 = kt_now_s();
     s = run_ranks(&bt, 2, 1, 60000, out, jobs, msg, sizeof msg);
-    kt_check(s == KDT_ERR_COMM && strstr(msg, "rank 1 aborted") && now_s() - t0 < 30,
-             "fault: rank 1 aborts after loading: rank 0's forward fails in %.3f s: \"%s\"", now_s() - t0, msg);
+    kt_check(s == KDT_ERR_COMM && strstr(msg, "rank 1 aborted") && kt_now_s() - t0 < 30,
+             "fault: rank 1 aborts after loading: rank 0's forward fails in %.3f s: \"%s\"", kt_now_s() - t0, msg);
     /* Rank 1 loads and vanishes: rank 0's forward ends at the 400 ms timeout, naming it. */
-    t0 = now_s();
+    t0 = kt_now_s();
     s = run_ranks(&bt, 3, 2, 400, out, jobs, msg, sizeof msg);
-    kt_check(s == KDT_ERR_COMM && strstr(msg, "never arrived") && now_s() - t0 < 30,
-             "fault: ranks 1 and 2 load and never serve: rank 0's forward ends at the timeout (%.3f s): \"%s\"", now_s() - t0, msg);
+    kt_check(s == KDT_ERR_COMM && strstr(msg, "never arrived") && kt_now_s() - t0 < 30,
+             "fault: ranks 1 and 2 load and never serve: rank 0's forward ends at the timeout (%.3f s): \"%s\"", kt_now_s() - t0, msg);
     /* The CUDA backend takes one rank only so far: every rank says so. */
     const target cu = {"built-in", NULL, KDT_BACKEND_CUDA, KDT_BF16};
     s = run_ranks(&cu, 2, 0, 60000, out, jobs, msg, sizeof msg);

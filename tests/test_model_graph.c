@@ -129,13 +129,7 @@ static void rows_err(const float *got, const float *want, size_t rows, size_t V,
     *worst = 0;
     *above = 0;
     for (size_t r = 0; r < rows; r++) {
-        double num = 0, den = 0;
-        for (size_t j = 0; j < V; j++) {
-            const double d = (double)got[r * V + j] - want[r * V + j];
-            num += d * d;
-            den += (double)want[r * V + j] * want[r * V + j];
-        }
-        e[r] = den > 0 ? sqrt(num / den) : sqrt(num);
+        e[r] = kt_rel_l2(got + r * V, want + r * V, V);
         if (!(e[r] <= tol)) (*above)++, e[r] = isnan(e[r]) ? INFINITY : e[r];
         if (e[r] > *worst) *worst = e[r];
     }

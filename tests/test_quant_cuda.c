@@ -25,12 +25,6 @@ typedef struct run {
     size_t now[4], bf16[4];      /* device bytes by part, summed over the layers (CUDA) */
 } run;
 
-static float *poisoned(size_t n) {
-    float *p = malloc(n * sizeof(float));
-    if (p) memset(p, 0xFF, n * sizeof(float));
-    return p;
-}
-
 static kdt_status forward(kdt_model *m, kdt_cache *c, int32_t B, const int32_t *req, const int32_t *n, const int32_t *tok,
                           float *logits) {
     kdt_batch b = {.B = B, .req = req, .n_rows = n, .tokens = tok, .logits_rows = KDT_LOGITS_ALL};
@@ -38,7 +32,7 @@ static kdt_status forward(kdt_model *m, kdt_cache *c, int32_t B, const int32_t *
 }
 
 static kdt_status run_model(const char *dir, kdt_backend be, int32_t P, int32_t N, const int32_t *tok, int32_t V, run *r) {
-    *r = (run){.tf = poisoned((size_t)(P + N) * V), .batch = poisoned((size_t)2 * (P + N) * V)};
+    *r = (run){.tf = kt_poisoned((size_t)(P + N) * V), .batch = kt_poisoned((size_t)2 * (P + N) * V)};
     kdt_model *m = NULL;
     kdt_cache *c = NULL;
     kdt_status s = kdt_model_load_as(dir, be, be == KDT_BACKEND_CUDA ? KDT_BF16 : KDT_F32, &m);
@@ -60,12 +54,6 @@ static kdt_status run_model(const char *dir, kdt_backend be, int32_t P, int32_t 
     return s;
 }
 
-static double rel_l2(const float *a, const float *b, int32_t n) {
-    double num = 0, den = 0;
-    for (int32_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 /* Rows of got farther from want than TOL, plus, where twin is given, the twin's own distance from
  * want (against the CPU's f32: bf16 activations alone put rows of these fixtures at up to 2.5e-2
  * from f32, and |got - want| <= |got - twin| + |twin - want|); *worst is the largest excess. */
@@ -73,17 +61,11 @@ static int64_t rows_over(const float *got, const float *want, const float *twin,
     int64_t bad = 0;
     *worst = 0;
     for (int64_t r = 0; r < rows; r++) {
-        const double e = rel_l2(got + r * V, want + r * V, V) - (twin ? rel_l2(twin + r * V, want + r * V, V) : 0);
+        const double e = kt_rel_l2(got + r * V, want + r * V, V) - (twin ? kt_rel_l2(twin + r * V, want + r * V, V) : 0);
         bad += !(e <= TOL);
         *worst = isnan(e) || e > *worst ? e : *worst;
     }
     return bad;
-}
-
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
-    return b;
 }
 
 static void check(const char *name, int fp8) {
@@ -138,8 +120,8 @@ static void check(const char *name, int fp8) {
                  "CPU (as above): %lld rows over, worst %.2e", name, R, TOL, (long long)bad, w);
         int32_t part = -1;
         for (int32_t i = 0; i < N && part < 0; i++)
-            if (argmax(q.tf + (size_t)(P - 1 + i) * V, V) != cont[i] || argmax(q.batch + (size_t)(P - 1 + i) * V, V) != cont[i] ||
-                argmax(t.tf + (size_t)(P - 1 + i) * V, V) != cont[i])
+            if (kt_argmax(q.tf + (size_t)(P - 1 + i) * V, V) != cont[i] || kt_argmax(q.batch + (size_t)(P - 1 + i) * V, V) != cont[i] ||
+                kt_argmax(t.tf + (size_t)(P - 1 + i) * V, V) != cont[i])
                 part = i;
         kt_check(part < 0, "%s cuda: greedy continuation of %d tokens equals transformers' (and the twin's)%s", name, N,
                  part < 0 ? "" : ", parts at a step");

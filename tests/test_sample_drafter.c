@@ -41,11 +41,6 @@ static const char *fixture(void) {
     return path;
 }
 
-static double chi2_sf(double x, int df) {
-    const double k = df, z = (cbrt(x / k) - (1 - 2 / (9 * k))) / sqrt(2 / (9 * k));
-    return 0.5 * erfc(z / sqrt(2.0));
-}
-
 /* The target's filtered distribution at one logits row: softmax(l / T) over the TOPK largest (ties
  * at the cut kept), in double; tok[i] and p[i] for i < TOPK (the row has no ties at the cut here:
  * checked). Returns 0 on a tie. */
@@ -181,7 +176,7 @@ static double fit(const long *count, const double *p, int cats, double *chi2, in
     }
     if (pe > 0) *chi2 += (po - pe) * (po - pe) / pe, bins++;
     *df = bins - 1;
-    return *df > 0 ? chi2_sf(*chi2, *df) : 1.0;
+    return *df > 0 ? kt_chi2_sf(*chi2, *df) : 1.0;
 }
 
 static void run(kdt_backend be) {

@@ -25,11 +25,6 @@
 enum { BATCH = 64, NEW = 2 };
 static const int32_t kPrompt[] = {5, 6, 7, 5, 6, 7, 5, 6};
 
-static double chi2_sf(double x, int df) {
-    const double k = df, z = (cbrt(x / k) - (1 - 2 / (9 * k))) / sqrt(2 / (9 * k));
-    return 0.5 * erfc(z / sqrt(2.0));
-}
-
 /* Tokens (t1, t2) of nseed requests with seeds 1 .. nseed into out[2 * i + j]. */
 static kdt_status sample_pairs(kdt_model *m, kdt_drafter *dr, int nseed, int32_t *out) {
     kdt_spec_request req[BATCH];
@@ -61,7 +56,7 @@ static void compare(const char *what, const int32_t *a, const int32_t *b, int n,
         const double e = (pa + pb) / 2;
         chi2 += (pa - e) * (pa - e) / e + (pb - e) * (pb - e) / e, bins++;
     }
-    const double pv = bins > 1 ? chi2_sf(chi2, bins - 1) : 1.0;
+    const double pv = bins > 1 ? kt_chi2_sf(chi2, bins - 1) : 1.0;
     kt_check(pv > 1e-4, "%s: (t1, t2) over %d seeds each, %d pairs seen: chi2 %.1f df %d p %.3g", what, n, cats, chi2,
              bins - 1, pv);
     free(ca), free(cb);

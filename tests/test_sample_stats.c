@@ -66,12 +66,6 @@ static void target_dist(const config *c, int32_t row, double *p) {
     for (int v = 0; v < V; v++) p[v] /= z;
 }
 
-/* Upper tail of chi-square with df degrees of freedom (Wilson-Hilferty). */
-static double chi2_sf(double x, int df) {
-    const double k = df, z = (cbrt(x / k) - (1 - 2 / (9 * k))) / sqrt(2 / (9 * k));
-    return 0.5 * erfc(z / sqrt(2.0));
-}
-
 typedef struct verdict {
     double chi2, pval;
     int df;
@@ -91,7 +85,7 @@ static verdict chi2_test(const long *count, const double *p) {
     }
     if (pooled_e > 0) r.chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e, bins++;
     r.df = bins - 1;
-    r.pval = r.df > 0 ? chi2_sf(r.chi2, r.df) : 1.0;
+    r.pval = r.df > 0 ? kt_chi2_sf(r.chi2, r.df) : 1.0;
     return r;
 }
 

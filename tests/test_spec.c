@@ -40,13 +40,6 @@ static const char *fixture_root(void) {
 
 /* ---- the reference: greedy decoding, one request at a time, through the model API ---- */
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* seq [P + n]: the prompt (already there), then n greedy tokens; hidden [P + n - 1, hid] (may
  * be NULL): the final hidden state of every row fed. */
 static kdt_status greedy_ref(kdt_model *m, int32_t *seq, int32_t P, int32_t n, float *hidden) {
@@ -60,7 +53,7 @@ static kdt_status greedy_ref(kdt_model *m, int32_t *seq, int32_t P, int32_t n, f
         const kdt_batch b = {.B = 1, .req = &req, .n_rows = &rows, .tokens = seq + fed, .logits_rows = KDT_LOGITS_LAST};
         s = kdt_model_forward(m, c, &b, logits, hidden ? hidden + (size_t)fed * cf->hidden_size : NULL, NULL);
         fed += rows;
-        seq[P + i] = argmax(logits, cf->vocab_size);
+        seq[P + i] = kt_argmax(logits, cf->vocab_size);
     }
     kdt_cache_free(c);
     free(logits);

@@ -35,7 +35,7 @@ static kdt_status fresh_propose(kdt_model *m, const int32_t *hist, int32_t len, 
     float *hid = s == KDT_OK ? malloc((size_t)len * dr->n_hidden_layers * cf->hidden_size * sizeof(float)) : NULL;
     if (s == KDT_OK && !hid) s = KDT_ERR_NOMEM;
     if (s == KDT_OK) s = kt_target_states(m, dr, hist, len - 1, hid);
-    if (s == KDT_OK) s = kt_draft_fresh(dr, cf, hist, len, D, K, hid, scores, tokens);
+    if (s == KDT_OK) s = kt_draft_fresh(dr, cf, KDT_BACKEND_CPU, hist, len, D, K, hid, scores, tokens);
     free(hid);
     kdt_drafter_free(dr);
     return s;

@@ -46,14 +46,8 @@ static kdt_status propose(kdt_model *m, make_fn make, const int32_t *hist, int32
         if (s == KDT_OK) s = kdt_dev_alloc((void **)&d_tk, n * sizeof *d_tk);
     }
     if (s == KDT_OK) s = kt_target_states(m, dr, hist, len - 1, hid);
-    const kdt_draft_setup set = {.slots = 1, .max_len = len + 1, .D = D, .K = K, .vocab_size = cf->vocab_size,
-                                 .hidden_size = cf->hidden_size, .backend = be};
-    const int32_t slot = 0, n_new = 1, zero = 0, rows = len - 1;
-    const kdt_draft_ctx ctx = {.B = 1, .slot = &slot, .history = &hist, .hist_len = &len};
-    const kdt_draft_feedback fb = {.prefill = 1, .n_new = &n_new, .accept_len = &zero, .hidden = hid, .row_start = &zero, .n_rows = &rows};
-    if (s == KDT_OK) s = dr->begin(dr->state, &set);
-    if (s == KDT_OK) s = dr->observe(dr->state, &ctx, &fb);
-    if (s == KDT_OK) s = dr->propose(dr->state, &ctx, be == KDT_BACKEND_CPU ? scores : d_sc, be == KDT_BACKEND_CPU ? tokens : d_tk);
+    if (s == KDT_OK)
+        s = kt_draft_fresh(dr, cf, be, hist, len, D, K, hid, be == KDT_BACKEND_CPU ? scores : d_sc, be == KDT_BACKEND_CPU ? tokens : d_tk);
     if (s == KDT_OK && be != KDT_BACKEND_CPU) s = kdt_dev_d2h(scores, d_sc, n * sizeof *scores);
     if (s == KDT_OK && be != KDT_BACKEND_CPU) s = kdt_dev_d2h(tokens, d_tk, n * sizeof *tokens);
     if (be == KDT_BACKEND_CPU) free(hid);

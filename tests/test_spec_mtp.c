@@ -99,7 +99,7 @@ static kdt_status fresh_propose(kdt_model *target, const int32_t *hist, int32_t 
     float *hid = malloc((size_t)len * cf->hidden_size * sizeof(float));
     kdt_status s = hid ? kdt_drafter_mtp(mtp_dir, KDT_BACKEND_CPU, &dr) : KDT_ERR_NOMEM;
     if (s == KDT_OK) s = target_hidden(target, hist, len - 1, hid);
-    if (s == KDT_OK) s = kt_draft_fresh(dr, cf, hist, len, D, K, hid, scores, tokens);
+    if (s == KDT_OK) s = kt_draft_fresh(dr, cf, KDT_BACKEND_CPU, hist, len, D, K, hid, scores, tokens);
     free(hid);
     kdt_drafter_free(dr);
     return s;

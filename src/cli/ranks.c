@@ -3,7 +3,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cli/options.h"
 #include "cli/ranks.h"
@@ -59,7 +58,7 @@ kdt_status kdt_cli_load_model(const char *dir, uint64_t seed, kdt_backend backen
     *m = NULL;
     *ranks = NULL;
     if (n == 1) return dir ? kdt_model_load(dir, backend, m) : kdt_model_builtin(seed, backend, m);
-    const int ndev = kdt_cuda_device_count();
+    const int ndev = backend == KDT_BACKEND_CUDA ? kdt_cuda_device_count() : 0;
     if (backend == KDT_BACKEND_CUDA && n > ndev)
         return kdt_fail(KDT_ERR_INVALID_ARG, "--gpus %d asks for %d CUDA devices; this machine has %d (--backend cpu runs the ranks "
                         "as threads)", n, n, ndev);
