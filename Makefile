@@ -126,6 +126,16 @@ dev:
 	@echo "make dev needs nvcc (KDT_CUDA=1)" >&2; exit 1
 endif
 
+# The CUPTI timeline (dev/trace/cupti_trace.c), a driver injection library:
+# CUDA_INJECTION64_PATH=$$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT=t.json <program>.
+ifeq ($(KDT_CUDA),1)
+dev: $(BUILD)/dev/libkdt_trace.so
+endif
+$(BUILD)/dev/libkdt_trace.so: dev/trace/cupti_trace.c $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CC) $(KDT_CFLAGS) $(CPPFLAGS) $(CFLAGS) -shared $(LDFLAGS) -o $@ $< -L$(CUDA_HOME)/lib64 \
+	  -Wl,-rpath,$(CUDA_HOME)/lib64 -lcupti -lcjson $(LDLIBS)
+
 $(BUILD)/obj/dev/cuda/%.o: dev/cuda/%.cu $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(KDT_NVCCFLAGS) $(CPPFLAGS) $(NVCCFLAGS) $(SM90_ARCH) -c $< -o $@
