@@ -12,8 +12,12 @@ median one as a smaller trace for Perfetto / chrome://tracing.
 """
 import argparse
 import json
+import shutil
 import statistics
+import subprocess
 import sys
+
+DEVICE_WORK = ("kernel", "memcpy", "memset")
 
 
 def load(path):
@@ -22,7 +26,21 @@ def load(path):
     ev = [e for e in doc.get("traceEvents", []) if e.get("ph") == "X"]
     if not ev:
         sys.exit(f"{path}: no events (was the program run with CUDA_INJECTION64_PATH?)")
+    demangle(ev)
     return doc, ev
+
+
+def demangle(ev):
+    """CUPTI names kernels by their mangled symbols; c++filt (binutils) reads them where it is installed."""
+    names = sorted({e["name"] for e in ev if e["name"].startswith("_Z")})
+    tool = shutil.which("c++filt")
+    if not names or not tool:
+        return
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
+    if len(out) >= len(names):
+        table = dict(zip(names, out))
+        for e in ev:
+            e["name"] = table.get(e["name"], e["name"])
 
 
 def union(intervals):
@@ -39,7 +57,7 @@ def union(intervals):
 
 
 def steps_of(ev):
-    gpu = sorted((e for e in ev if e["pid"] == 0), key=lambda e: e["ts"])
+    gpu = sorted((e for e in ev if e["pid"] == 0 and e["cat"] in DEVICE_WORK), key=lambda e: e["ts"])
     host = sorted((e for e in ev if e["pid"] == 1), key=lambda e: e["ts"])
     starts = [e["ts"] for e in gpu if e["cat"] == "kernel" and "embed_kernel" in e["name"]]
     out = []

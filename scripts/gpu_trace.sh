@@ -3,7 +3,7 @@
 # model's steps at batch 1: plain greedy decoding and `--spec lookup`, this tree beside main (BASE_REF,
 # built from `git archive`), each traced by the driver's injection hook; bench/trace_steps.py summarises
 # every trace per step (period, GPU busy and idle, kernels, host API time, the median step's events in
-# order) into $OUT/<name>.md and slices three steps into $OUT/<name>_slice.json (Perfetto opens it).
+# order) into $OUT/<name>.md (each run first untraced too: CUPTI's records slow the host's API calls) and slices three steps into $OUT/<name>_slice.json (Perfetto opens it).
 # Prompt: held-out prompt 3 (1-based) of models/kdt-small; 128 new tokens; the first 8 forwards are
 # left out of the medians. Bounded by DEADLINE seconds (default 100); one "PASS/FAIL/SKIP" line a step.
 set -u
@@ -35,6 +35,9 @@ ids=$(sed -n "3p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
 trace() { # trace NAME KDT [spec args]
     local name=$1 kdt=$2; shift 2
     [ -x "$kdt" ] || { say "SKIP  $name (no $kdt)"; return; }
+    step "${name}_untraced" 30 "$kdt" generate --model "$MODEL" --backend cuda --prompt-ids "$ids" --max-new 128 "$@" &&
+        grep -oE 'decode [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tokens/s\)' "$LOGS/${name}_untraced.log" |
+        sed "s/^/      ${name}_untraced: /" | tee -a "$OUT/summary.txt"
     CUDA_INJECTION64_PATH=$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT="$OUT/$name.json" \
         step "$name" 30 "$kdt" generate --model "$MODEL" --backend cuda --prompt-ids "$ids" --max-new 128 "$@" || return
     grep -oE 'decode [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tokens/s\)' "$LOGS/$name.log" | sed "s/^/      $name: /" | tee -a "$OUT/summary.txt"

@@ -7,8 +7,8 @@
  *
  *   CUDA_INJECTION64_PATH=$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT=trace.json build/kdt generate ...
  *
- * Host events are on pid 1 ("host", one row per thread), device events on pid 0 ("gpu", one row per
- * stream); times in microseconds from the first record; args.corr ties a kernel to the API call that
+ * Host events (API calls, one row per thread; synchronisation waits, one row per stream) are on pid 1
+ * ("host"), device events (kernels, copies, one row per stream) on pid 0 ("gpu"); times in microseconds from the first record; args.corr ties a kernel to the API call that
  * launched it (a graph's kernels share their cudaGraphLaunch's). KDT_TRACE_MAX caps the records kept
  * (default 4,000,000; the rest are counted and dropped). A development tool: not part of the library. */
 #include <stdint.h>
@@ -161,7 +161,7 @@ static int write_trace(void) {
     for (size_t i = 0; i < g_n; i++) {
         const event *e = &g_ev[i];
         if (!e->start || e->end < e->start) continue;
-        const int host = e->lane == LANE_RUNTIME || e->lane == LANE_DRIVER;
+        const int host = e->lane >= LANE_RUNTIME; /* API calls and the host's waits in synchronisations */
         cJSON *j = add_event(arr, e->name, lane_cat[e->lane], "X", (double)(e->start - t0) / 1e3,
                              (double)(e->end - e->start) / 1e3, host, (double)e->row);
         cJSON *args = cJSON_AddObjectToObject(j, "args");
