@@ -4,7 +4,7 @@
 # built from `git archive`), each traced by the driver's injection hook; bench/trace_steps.py summarises
 # every trace per step (period, GPU busy and idle, kernels, host API time, the median step's events in
 # order) into $OUT/<name>.md (each run first untraced too: CUPTI's records slow the host's API calls) and slices three steps into $OUT/<name>_slice.json (Perfetto opens it).
-# Prompt: held-out prompt 3 (1-based) of models/kdt-small; 128 new tokens; the first 8 forwards are
+# Prompt: held-out prompt 1 (the first line) of models/kdt-small; 128 new tokens; the first 8 forwards are
 # left out of the medians. Bounded by DEADLINE seconds (default 100); one "PASS/FAIL/SKIP" line a step.
 set -u
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ fi
 step build 100 make -j8 "${MAKEVARS[@]}" build/kdt build/dev/libkdt_trace.so || tail -5 "$LOGS/build.log"
 [ -n "${base_pid:-}" ] && { wait "$base_pid" && say "PASS  build_base" || say "FAIL  build_base"; }
 
-ids=$(sed -n "3p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
+ids=$(sed -n "1p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
 trace() { # trace NAME KDT [spec args]
     local name=$1 kdt=$2; shift 2
     [ -x "$kdt" ] || { say "SKIP  $name (no $kdt)"; return; }
