@@ -35,6 +35,12 @@ static inline float __shfl_xor_sync(unsigned, float v, int mask) {
 static inline int __shfl_xor_sync(unsigned, int v, int mask) {
     return (int)(int64_t)exchange((uint64_t)(int64_t)v, (int)(threadIdx.x & 31) ^ mask);
 }
+static inline int __shfl_up_sync(unsigned, int v, int delta) { /* lanes below delta get their own */
+    const int lane = (int)(threadIdx.x & 31);
+    return (int)(int64_t)exchange((uint64_t)(int64_t)v, lane >= delta ? lane - delta : lane);
+}
+static inline unsigned long long atomicOr(unsigned long long *p, unsigned long long v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+static inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 
 #include "model/cuda/route.cuh"
 
@@ -66,8 +72,8 @@ static Out run_kernel(const std::vector<float> &h, const std::vector<float> &w, 
     o.pos.assign((size_t)R * K, -7);
     RoutePlanArgs a = {scores ? h.data() : nullptr, w.data(), o.logits.data(), bias.data(), R, E, G, tg, K, hid, 1, 2.5f,
                        o.idx.data(), o.wt.data(), o.counts.data(), o.offs.data(), o.perm.data(), o.pos.data()};
-    std::vector<unsigned char> smem((size_t)kEmuWarps * route_scratch_bytes(E, G, K) + (size_t)E * 4 + 16, 0xA5);
-    emu_run_block([&](int) { route_plan_block(a, smem.data()); });
+    std::vector<unsigned long long> smem((size_t)route_plan_smem_bytes(kEmuWarps, E, G, K) / 8 + 1, 0xA5A5A5A5A5A5A5A5ull);
+    emu_run_block([&](int) { route_plan_block(a, (unsigned char *)smem.data()); });
     return o;
 }
 
@@ -146,6 +152,9 @@ int main() {
     run_case("grouped", 5, 16, 4, 2, 4, 24, true);
     run_case("scores given, rows past the warps", 20, 64, 8, 4, 8, 8, false);
     run_case("scores given, a tie", 3, 32, 1, 1, 6, 8, false);
+    run_case("Kimi K2 decode", 1, 384, 1, 1, 8, 8, false);
+    run_case("Kimi K2, 64 rows (the most)", 64, 384, 1, 1, 8, 8, false);
+    run_case("DeepSeek-V3 tree", 16, 256, 8, 4, 8, 8, false);
     /* Row 0 alone and first in a batch of 12 rows: same scores and choice, bit for bit. */
     Out alone, batch;
     run_case("row 0 alone", 1, 16, 4, 2, 4, 72, true, &alone);

@@ -1,8 +1,11 @@
-/* The router of a small batch in one block (route.cuh's route_plan_block): a decode step's or a
- * tree's MoE layer queues one launch before its experts instead of four (router GEMM, route,
- * count, fill). One block, because the grouping needs every row's choice; so it is kept to
- * batches of at most kMaxRows rows, and it computes the scores itself only when the router's
- * weights are small enough to be read by one SM at little cost (else they come from cuBLAS). */
+/* The router of a small batch (route.cuh's route_plan_block): a decode step's or a tree's MoE layer
+ * queues one launch before its experts instead of four (router GEMM, route, count, fill). The
+ * choice and grouping need every row's scores, so they run in one block, and batches are kept to
+ * kMaxRows rows. Where the router's weights are small enough for one SM, that block computes the
+ * scores too (and the layer's norm before them). Larger routers (Kimi K2's 384 x 7168 f32, 11 MB)
+ * are read by the whole GPU: a block per kTeam-warp team pair scores its experts for every row,
+ * and the last block to finish (an integer ticket: which one does not change any result) runs
+ * the choice and grouping on the scores; the norm is kdt_mk_rmsnorm's launch before it. */
 #include <cmath>
 
 #include "common/cuda/cuda_common.cuh"
@@ -11,6 +14,7 @@
 
 namespace {
 
+#include "model/cuda/norm.cuh"
 #include "model/cuda/route.cuh"
 
 /* Past 256 scores the block is as wide as its scratch allows: a warp per (row, expert) score and
@@ -22,9 +26,7 @@ constexpr int kMaxScoreWeightBytes = 64 << 10; /* router weights [E, hid] f32 re
 constexpr int kMaxSmem = 44 << 10;             /* dynamic; the norm's static part fits beside it in 48 KB */
 constexpr int kNormWarps = 8;                  /* kdt_mk_rmsnorm's 256 threads: its summation order */
 
-size_t smem_bytes(int threads, int32_t E, int32_t G, int32_t K) {
-    return (size_t)(threads / 32) * route_scratch_bytes(E, G, K) + (size_t)E * sizeof(int);
-}
+size_t smem_bytes(int threads, int32_t E, int32_t G, int32_t K) { return (size_t)route_plan_smem_bytes(threads / 32, E, G, K); }
 
 /* The layer's RMSNorm before the routing: rows x [R, hid] f32, weights w [hid]; out h [R, hid] f32
  * and hn [R, hid] (T). Each group of 256 threads sums rows as kernels.cu's rmsnorm_kernel (thread t
@@ -35,8 +37,7 @@ __device__ void norm_rows(const float *x, const float *w, float eps, int R, int 
     const int groups = (int)blockDim.x / 256, t = (int)threadIdx.x % 256, lane = t % 32, wg = t / 32;
     const int warp = (int)threadIdx.x / 32, warps = (int)blockDim.x / 32;
     for (int r = (int)threadIdx.x / 256; r < R; r += groups) {
-        float ss = 0.f;
-        for (int j = t; j < hid; j += 256) ss = fmaf(x[(size_t)r * hid + j], x[(size_t)r * hid + j], ss);
+        float ss = norm_sumsq_part(x + (size_t)r * hid, hid, t, 256);
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (lane == 0) part[r][wg] = ss;
     }
@@ -72,25 +73,91 @@ __global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a
     route_plan_block(a, smem);
 }
 
+/* The wide router: kTeam warps per expert, 256 threads a block (kThreads / 32 / kTeam experts),
+ * kScoreRows rows at a time. A row's score for expert e, h_r . w_e (hid % 4 == 0): lane l of
+ * member m sums the 4-float chunks c = 32 m + l, + 32 kTeam, ... in increasing order (a chunk's 4
+ * products in order), a butterfly over the warp, then the members' sums in member order: one order
+ * per hidden size, whatever the batch or grid. A member rereads its weights (from L1) for each
+ * kScoreRows rows. */
+constexpr int kTeam = 4, kScoreRows = 4, kWideExperts = kThreads / 32 / kTeam;
+
+__global__ void __launch_bounds__(kThreads) route_wide_kernel(RoutePlanArgs a, int *ticket) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float part[kWideExperts][kTeam][kScoreRows];
+    __shared__ bool last;
+    kdt_pdl_begin();
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, m = warp % kTeam, slot = warp / kTeam;
+    const int e = (int)blockIdx.x * kWideExperts + slot, chunks = a.hid / 4;
+    const float4 *w = (const float4 *)(a.w + (size_t)(e < a.E ? e : 0) * a.hid);
+    for (int r0 = 0; r0 < a.R; r0 += kScoreRows) {
+        float acc[kScoreRows] = {};
+#pragma unroll 4
+        for (int c = m * 32 + lane; c < chunks; c += 32 * kTeam) {
+            const float4 wv = w[c];
+#pragma unroll
+            for (int q = 0; q < kScoreRows; q++) {
+                if (r0 + q >= a.R) break;
+                const float4 hv = ((const float4 *)(a.h + (size_t)(r0 + q) * a.hid))[c];
+                acc[q] = fmaf(hv.w, wv.w, fmaf(hv.z, wv.z, fmaf(hv.y, wv.y, fmaf(hv.x, wv.x, acc[q]))));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < kScoreRows; q++) {
+            for (int o = 16; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+            if (lane == 0) part[slot][m][q] = acc[q];
+        }
+        __syncthreads();
+        if (m == 0 && lane < kScoreRows && r0 + lane < a.R && e < a.E) {
+            float v = part[slot][0][lane];
+            for (int k = 1; k < kTeam; k++) v += part[slot][k][lane];
+            a.logits[(size_t)(r0 + lane) * a.E + e] = v;
+        }
+        __syncthreads(); /* part is rewritten by the next rows */
+    }
+    if (threadIdx.x == 0) {
+        __threadfence(); /* this block's scores, before its ticket */
+        last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    RoutePlanArgs b = a;
+    b.h = nullptr; /* the scores are in logits now */
+    route_plan_block(b, smem);
+    if (threadIdx.x == 0) *ticket = 0; /* every other block has taken its ticket */
+}
+
+bool small_router(int32_t E, int32_t hid) { return (int64_t)E * hid * (int64_t)sizeof(float) <= kMaxScoreWeightBytes; }
+
 } // namespace
 
 extern "C" int kdt_mk_route_plan_fits(int64_t R, int32_t E, int32_t G, int32_t K, int32_t hid, int with_scores) {
     if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0 || smem_bytes(kThreads, E, G, K) > (size_t)kMaxSmem) return 0;
-    return !with_scores || (int64_t)E * hid * (int64_t)sizeof(float) <= kMaxScoreWeightBytes;
+    return !with_scores || small_router(E, hid) || (hid % 4 == 0 && hid > 0);
 }
 
 extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t hid, float *logits, const float *bias, int64_t R,
                                         int32_t E, int32_t G, int32_t topk_group, int32_t K, int norm, float scale, int32_t *idx,
                                         float *wt, int32_t *counts, int32_t *offs, int32_t *perm, int32_t *pos,
-                                        const kdt_mk_norm *in_norm, void *hn, kdt_dtype dt, cudaStream_t s) {
+                                        const kdt_mk_norm *in_norm, void *hn, kdt_dtype dt, int32_t *ticket, cudaStream_t s) {
     if (!kdt_mk_route_plan_fits(R, E, G, K, hid, h != nullptr))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: one-block router of %lld rows, %d experts in %d groups, top %d, hidden %d",
                         (long long)R, E, G, K, hid);
     if (in_norm && (!h || in_norm->rows || (dt != KDT_BF16 && dt != KDT_F32)))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: the router's norm needs its output rows h, all rows, bf16 or f32");
     RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos};
+    if (h && !small_router(E, hid)) {
+        if (!ticket) return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: the wide router (%d experts of %d) needs its ticket", E, hid);
+        if (in_norm)
+            KDT_TRY(kdt_mk_rmsnorm(in_norm->x, hid, nullptr, R, hid, in_norm->w, in_norm->eps, (float *)h, hid, hn, hid, dt, s));
+        const unsigned blocks = (unsigned)((E + kWideExperts - 1) / kWideExperts);
+        KDT_CUDA_CHECK(kdt_pdl_launch(route_wide_kernel, dim3(blocks), dim3(kThreads), smem_bytes(kThreads, E, G, K), s, a, (int *)ticket));
+        KDT_CUDA_CHECK_LAUNCH("route_wide");
+        return KDT_OK;
+    }
     const NormArgs n = in_norm ? NormArgs{in_norm->x, in_norm->w, in_norm->eps, (float *)h, hn, dt == KDT_BF16} : NormArgs{};
-    const int threads = R * E > 256 && smem_bytes(kMaxThreads, E, G, K) <= (size_t)kMaxSmem ? kMaxThreads : kThreads;
+    int threads = kThreads;
+    while (R * E > kThreads && threads < kMaxThreads && smem_bytes(threads + 256, E, G, K) <= (size_t)kMaxSmem) threads += 256;
     KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(threads), smem_bytes(threads, E, G, K), s, a, n));
     KDT_CUDA_CHECK_LAUNCH("route_plan");
     return KDT_OK;

@@ -3,7 +3,8 @@
  * kernels.cu's route kernel (a block per row) and by route_plan_block (route.cu: one block does
  * the router's scores, the choice of every row and the expert grouping of a small batch in one
  * launch). The CUDA subset it uses: threadIdx, blockDim, __syncthreads, __syncwarp,
- * __shfl_xor_sync on floats and ints, expf, fmaf. */
+ * __shfl_xor_sync on floats and ints, __shfl_up_sync on ints, atomicOr on shared 64-bit words,
+ * __popcll, expf, fmaf. */
 #pragma once
 
 /* Bytes of one warp's route_row scratch: score [E], choice [E], gscore [G], wsel [K] floats, then
@@ -21,6 +22,7 @@ __device__ inline void route_row(const float *logits, const float *bias, int E, 
     float *score = (float *)scratch, *choice = score + E, *gscore = choice + E, *wsel = gscore + G;
     unsigned char *taken = (unsigned char *)(wsel + K), *gsel = taken + E;
     const int lane = (int)(threadIdx.x % 32), per = E / G;
+#pragma unroll 4
     for (int e = lane; e < E; e += 32) {
         const float s = 1.0f / (1.0f + expf(-logits[e]));
         score[e] = s;
@@ -28,9 +30,12 @@ __device__ inline void route_row(const float *logits, const float *bias, int E, 
         taken[e] = 0;
     }
     __syncwarp();
-    for (int g = lane; g < G; g += 32) {
+    /* Each group's two best biased scores, the warp over its members: every lane keeps the two best
+     * of its own, then a butterfly merges pairs. The two best of a set do not depend on the order
+     * they are found in, so neither does the sum. */
+    for (int g = 0; g < G; g++) {
         float t1 = -INFINITY, t2 = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; e++) {
+        for (int e = g * per + lane; e < (g + 1) * per; e += 32) {
             const float c = choice[e];
             if (c > t1) {
                 t2 = t1;
@@ -39,8 +44,15 @@ __device__ inline void route_row(const float *logits, const float *bias, int E, 
                 t2 = c;
             }
         }
-        gscore[g] = per >= 2 ? t1 + t2 : t1;
-        gsel[g] = 0;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float u1 = __shfl_xor_sync(0xffffffffu, t1, o), u2 = __shfl_xor_sync(0xffffffffu, t2, o);
+            t2 = fmaxf(fminf(t1, u1), fmaxf(t2, u2));
+            t1 = fmaxf(t1, u1);
+        }
+        if (lane == 0) {
+            gscore[g] = per >= 2 ? t1 + t2 : t1;
+            gsel[g] = 0;
+        }
     }
     __syncwarp();
     if (lane == 0)
@@ -51,13 +63,17 @@ __device__ inline void route_row(const float *logits, const float *bias, int E, 
             if (best >= 0) gsel[best] = 1;
         }
     __syncwarp();
+    if (topk_group < G) /* the experts of groups not kept are out, as if taken */
+        for (int e = lane; e < E; e += 32) taken[e] = !gsel[e / per];
+    __syncwarp();
     float sum = 0.f;
     for (int k = 0; k < K; k++) {
-        /* This lane's best untaken expert of a kept group (lower index on ties), then the warp's. */
+        /* This lane's best untaken expert (lower index on ties), then the warp's. */
         int bi = -1;
         float bv = 0.f;
+#pragma unroll 4
         for (int e = lane; e < E; e += 32)
-            if (gsel[e / per] && !taken[e] && (bi < 0 || choice[e] > bv)) {
+            if (!taken[e] && (bi < 0 || choice[e] > bv)) {
                 bi = e;
                 bv = choice[e];
             }
@@ -112,43 +128,67 @@ struct RoutePlanArgs {
     int32_t *pos;                /* [R * K] where each assignment sits in perm */
 };
 
-/* One block (blockDim.x a multiple of 32) does the whole routing of a small batch: the scores
- * (a warp per (row, expert) pair, router_dot), each row's choice (a warp per row, route_row, with
- * route_scratch_bytes of smem per warp), then the grouping kdt_mk_moe_plan makes (a thread per
- * expert scanning the assignments in order, so perm lists each expert's assignments in
- * increasing order). smem: warps x route_scratch_bytes, then E ints. Global writes are read back
- * by other threads of the block only after a __syncthreads. */
+/* Bytes of route_plan_block's shared memory for a block of `warps` warps: each warp's route_row
+ * scratch, then E offsets (ints) and E row masks (64-bit words). */
+__host__ __device__ inline int route_plan_smem_bytes(int warps, int E, int G, int K) {
+    return warps * route_scratch_bytes(E, G, K) + (E * 4 + 7) / 8 * 8 + E * 8;
+}
+
+/* One block (blockDim.x a multiple of 32) does the whole routing of a small batch (R <= 64): the
+ * scores (a warp per (row, expert) pair, router_dot), each row's choice (a warp per row,
+ * route_row), then the grouping kdt_mk_moe_plan makes. The grouping: a row chooses an expert at
+ * most once, so expert e's assignments are the rows of a 64-bit mask (shared atomicOr: the same
+ * word whatever the order); counts are its popcounts, offsets a scan by warp 0 (each lane a run of
+ * experts), and assignment j of row r sits at offs[e] + the mask's rows before r: perm lists each
+ * expert's assignments in increasing order. Global writes are read back by other threads of the
+ * block only after a __syncthreads. */
 __device__ inline void route_plan_block(const RoutePlanArgs &a, unsigned char *smem) {
-    const int warps = (int)(blockDim.x / 32), warp = (int)(threadIdx.x / 32), n = a.R * a.K;
+    const int warps = (int)(blockDim.x / 32), warp = (int)(threadIdx.x / 32), lane = (int)(threadIdx.x % 32), n = a.R * a.K;
     if (a.h) {
         for (int p = warp; p < a.R * a.E; p += warps) {
             const int r = p / a.E, e = p % a.E;
             const float v = router_dot(a.h + (size_t)r * a.hid, a.w + (size_t)e * a.hid, a.hid);
-            if (threadIdx.x % 32 == 0) a.logits[p] = v;
+            if (lane == 0) a.logits[p] = v;
         }
         __syncthreads();
     }
     void *scratch = smem + (size_t)warp * route_scratch_bytes(a.E, a.G, a.K);
+    int *offs = (int *)(smem + (size_t)warps * route_scratch_bytes(a.E, a.G, a.K));
+    unsigned long long *rows = (unsigned long long *)((unsigned char *)offs + (a.E * 4 + 7) / 8 * 8);
+    for (int e = (int)threadIdx.x; e < a.E; e += (int)blockDim.x) rows[e] = 0;
     for (int r = warp; r < a.R; r += warps)
         route_row(a.logits + (size_t)r * a.E, a.bias, a.E, a.G, a.topk_group, a.K, a.norm, a.scale, a.idx + (size_t)r * a.K,
                   a.wt + (size_t)r * a.K, scratch);
     __syncthreads();
-    int *cnt = (int *)(smem + (size_t)warps * route_scratch_bytes(a.E, a.G, a.K));
-    for (int e = (int)threadIdx.x; e < a.E; e += (int)blockDim.x) {
-        int c = 0;
-        for (int j = 0; j < n; j++) c += a.idx[j] == e;
-        cnt[e] = c;
-        a.counts[e] = c;
+    for (int j = (int)threadIdx.x; j < n; j += (int)blockDim.x) {
+        const int e = a.idx[j];
+        if (e >= 0 && e < a.E) atomicOr(&rows[e], 1ull << (j / a.K));
     }
     __syncthreads();
-    for (int e = (int)threadIdx.x; e < a.E; e += (int)blockDim.x) {
+    if (warp == 0) {
+        const int per = (a.E + 31) / 32, e0 = lane * per, e1 = e0 + per < a.E ? e0 + per : a.E;
         int run = 0;
-        for (int i = 0; i < e; i++) run += cnt[i];
-        a.offs[e] = run;
-        for (int j = 0; j < n; j++)
-            if (a.idx[j] == e) {
-                a.perm[run] = j;
-                a.pos[j] = run++;
-            }
+        for (int e = e0; e < e1; e++) run += __popcll(rows[e]);
+        int incl = run; /* inclusive scan of the lanes' runs */
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        run = incl - run;
+        for (int e = e0; e < e1; e++) {
+            const int c = __popcll(rows[e]);
+            offs[e] = run;
+            a.offs[e] = run;
+            a.counts[e] = c;
+            run += c;
+        }
+    }
+    __syncthreads();
+    for (int j = (int)threadIdx.x; j < n; j += (int)blockDim.x) {
+        const int e = a.idx[j], r = j / a.K;
+        if (e < 0 || e >= a.E) continue;
+        const int p = offs[e] + __popcll(rows[e] & ((1ull << r) - 1ull));
+        a.perm[p] = j;
+        a.pos[j] = p;
     }
 }
