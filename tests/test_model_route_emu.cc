@@ -41,6 +41,7 @@ static inline int __shfl_up_sync(unsigned, int v, int delta) { /* lanes below de
 }
 static inline unsigned long long atomicOr(unsigned long long *p, unsigned long long v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 static inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
+static inline float __ldcg(const float *p) { return *p; }
 
 #include "model/cuda/route.cuh"
 

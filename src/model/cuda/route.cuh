@@ -4,7 +4,7 @@
  * the router's scores, the choice of every row and the expert grouping of a small batch in one
  * launch). The CUDA subset it uses: threadIdx, blockDim, __syncthreads, __syncwarp,
  * __shfl_xor_sync on floats and ints, __shfl_up_sync on ints, atomicOr on shared 64-bit words,
- * __popcll, expf, fmaf. */
+ * __popcll, __ldcg, expf, fmaf. */
 #pragma once
 
 /* Bytes of one warp's route_row scratch: score [E], choice [E], gscore [G], wsel [K] floats, then
@@ -24,7 +24,7 @@ __device__ inline void route_row(const float *logits, const float *bias, int E, 
     const int lane = (int)(threadIdx.x % 32), per = E / G;
 #pragma unroll 4
     for (int e = lane; e < E; e += 32) {
-        const float s = 1.0f / (1.0f + expf(-logits[e]));
+        const float s = 1.0f / (1.0f + expf(-__ldcg(logits + e))); /* past L1: other blocks may have written them (route.cu) */
         score[e] = s;
         choice[e] = s + bias[e];
         taken[e] = 0;
