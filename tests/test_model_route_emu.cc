@@ -3,7 +3,8 @@
  * reference written here from DeepSeek-V3's routing: scores in double, sigmoid, the groups'
  * two best biased scores, top-k groups, top-K experts, normalized weights times the scale, and
  * the grouping by expert (counts, offsets, each expert's assignments in order, their places).
- * Cases: grouped and ungrouped, scores computed by the block or given, more rows than warps, a
+ * Cases: grouped and ungrouped, scores computed by the block or given, more rows than warps (and
+ * than the warps allowed to route), Kimi K2's 384 experts and DeepSeek-V3's groups, up to 64 rows, a
  * tie. Also: a row's results have the same bits alone and in a batch (the scores' order
  * does not depend on the batch). */
 #pragma GCC optimize("no-strict-aliasing")
@@ -62,7 +63,7 @@ struct Out {
 /* The kernel on R rows (h [R, hid], w [E, hid], bias [E]); scores: the block computes them,
  * else they are given (logits_in). */
 static Out run_kernel(const std::vector<float> &h, const std::vector<float> &w, const std::vector<float> &bias,
-                      const std::vector<float> &logits_in, int R, int E, int G, int tg, int K, int hid, bool scores) {
+                      const std::vector<float> &logits_in, int R, int E, int G, int tg, int K, int hid, bool scores, int most = 0) {
     Out o;
     o.logits = scores ? std::vector<float>((size_t)R * E, NAN) : logits_in;
     o.wt.assign((size_t)R * K, NAN);
@@ -72,8 +73,8 @@ static Out run_kernel(const std::vector<float> &h, const std::vector<float> &w, 
     o.perm.assign((size_t)R * K, -7);
     o.pos.assign((size_t)R * K, -7);
     RoutePlanArgs a = {scores ? h.data() : nullptr, w.data(), o.logits.data(), bias.data(), R, E, G, tg, K, hid, 1, 2.5f,
-                       o.idx.data(), o.wt.data(), o.counts.data(), o.offs.data(), o.perm.data(), o.pos.data()};
-    std::vector<unsigned long long> smem((size_t)route_plan_smem_bytes(kEmuWarps, E, G, K) / 8 + 1, 0xA5A5A5A5A5A5A5A5ull);
+                       o.idx.data(), o.wt.data(), o.counts.data(), o.offs.data(), o.perm.data(), o.pos.data(), most};
+    std::vector<unsigned long long> smem((size_t)route_plan_smem_bytes(route_warps(kEmuWarps, R, most), E, G, K) / 8 + 1, 0xA5A5A5A5A5A5A5A5ull);
     emu_run_block([&](int) { route_plan_block(a, (unsigned char *)smem.data()); });
     return o;
 }
@@ -131,7 +132,7 @@ static bool check(const char *name, const Out &o, const std::vector<float> &h, c
     return ok;
 }
 
-static void run_case(const char *name, int R, int E, int G, int tg, int K, int hid, bool scores, Out *keep = nullptr) {
+static void run_case(const char *name, int R, int E, int G, int tg, int K, int hid, bool scores, Out *keep = nullptr, int most = 0) {
     g_rng = 0x524F5554 + (uint64_t)R * 131 + (uint64_t)E;
     std::vector<float> h((size_t)R * hid), w((size_t)E * hid), bias(E), logits((size_t)R * E);
     for (auto &v : w) v = uni() * 0.3f;
@@ -142,7 +143,7 @@ static void run_case(const char *name, int R, int E, int G, int tg, int K, int h
         bias[1] = bias[0];
         logits[E + 1] = logits[E] = 2.5f;
     }
-    Out o = run_kernel(h, w, bias, logits, R, E, G, tg, K, hid, scores);
+    Out o = run_kernel(h, w, bias, logits, R, E, G, tg, K, hid, scores, most);
     check(name, o, h, w, bias, R, E, G, tg, K, hid, scores);
     if (keep) *keep = o;
 }
@@ -156,6 +157,7 @@ int main() {
     run_case("Kimi K2 decode", 1, 384, 1, 1, 8, 8, false);
     run_case("Kimi K2, 64 rows (the most)", 64, 384, 1, 1, 8, 8, false);
     run_case("DeepSeek-V3 tree", 16, 256, 8, 4, 8, 8, false);
+    run_case("Kimi K2 tree, 3 warps route", 16, 384, 1, 1, 8, 8, false, nullptr, 3);
     /* Row 0 alone and first in a batch of 12 rows: same scores and choice, bit for bit. */
     Out alone, batch;
     run_case("row 0 alone", 1, 16, 4, 2, 4, 72, true, &alone);

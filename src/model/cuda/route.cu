@@ -26,7 +26,9 @@ constexpr int kMaxScoreWeightBytes = 64 << 10; /* router weights [E, hid] f32 re
 constexpr int kMaxSmem = 44 << 10;             /* dynamic; the norm's static part fits beside it in 48 KB */
 constexpr int kNormWarps = 8;                  /* kdt_mk_rmsnorm's 256 threads: its summation order */
 
-size_t smem_bytes(int threads, int32_t E, int32_t G, int32_t K) { return (size_t)route_plan_smem_bytes(threads / 32, E, G, K); }
+size_t smem_bytes(int threads, int64_t R, int32_t E, int32_t G, int32_t K, int most = 0) {
+    return (size_t)route_plan_smem_bytes(route_warps(threads / 32, (int)R, most), E, G, K);
+}
 
 /* The layer's RMSNorm before the routing: rows x [R, hid] f32, weights w [hid]; out h [R, hid] f32
  * and hn [R, hid] (T). Each group of 256 threads sums rows as kernels.cu's rmsnorm_kernel (thread t
@@ -73,15 +75,17 @@ __global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a
     route_plan_block(a, smem);
 }
 
-/* The wide router: kTeam warps per expert, 256 threads a block (kThreads / 32 / kTeam experts),
- * kScoreRows rows at a time. A row's score for expert e, h_r . w_e (hid % 4 == 0): lane l of
- * member m sums the 4-float chunks c = 32 m + l, + 32 kTeam, ... in increasing order (a chunk's 4
- * products in order), a butterfly over the warp, then the members' sums in member order: one order
- * per hidden size, whatever the batch or grid. A member rereads its weights (from L1) for each
- * kScoreRows rows. */
-constexpr int kTeam = 4, kScoreRows = 4, kWideExperts = kThreads / 32 / kTeam;
+/* The wide router: kTeam warps per expert, kWideThreads a block (kWideExperts experts, so that the
+ * rows are read from L2 by E / 8 blocks only), kScoreRows rows at a time, at most kWideMaxRows rows
+ * (past that the rows' reads outweigh the weights'; cuBLAS then). A row's score for expert e, h_r .
+ * w_e (hid % 4 == 0): lane l of member m sums the 4-float chunks c = 32 m + l, + 32 kTeam, ... in
+ * increasing order (a chunk's 4 products in order), a butterfly over the warp, then the members'
+ * sums in member order: one order per hidden size, whatever the batch or grid. A member rereads
+ * its weights (from L1) for each kScoreRows rows. The last block routes with 8 warps' scratch. */
+constexpr int kTeam = 4, kScoreRows = 4, kWideThreads = 1024, kWideExperts = kWideThreads / 32 / kTeam, kWideMaxRows = 16;
+constexpr int kWideRouteWarps = kThreads / 32;
 
-__global__ void __launch_bounds__(kThreads) route_wide_kernel(RoutePlanArgs a, int *ticket) {
+__global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs a, int *ticket) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float part[kWideExperts][kTeam][kScoreRows];
     __shared__ bool last;
@@ -132,8 +136,8 @@ bool small_router(int32_t E, int32_t hid) { return (int64_t)E * hid * (int64_t)s
 } // namespace
 
 extern "C" int kdt_mk_route_plan_fits(int64_t R, int32_t E, int32_t G, int32_t K, int32_t hid, int with_scores) {
-    if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0 || smem_bytes(kThreads, E, G, K) > (size_t)kMaxSmem) return 0;
-    return !with_scores || small_router(E, hid) || (hid % 4 == 0 && hid > 0);
+    if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0 || smem_bytes(kThreads, R, E, G, K) > (size_t)kMaxSmem) return 0;
+    return !with_scores || small_router(E, hid) || (hid % 4 == 0 && hid > 0 && R <= kWideMaxRows);
 }
 
 extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t hid, float *logits, const float *bias, int64_t R,
@@ -145,20 +149,22 @@ extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t 
                         (long long)R, E, G, K, hid);
     if (in_norm && (!h || in_norm->rows || (dt != KDT_BF16 && dt != KDT_F32)))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: the router's norm needs its output rows h, all rows, bf16 or f32");
-    RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos};
+    RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos, 0};
     if (h && !small_router(E, hid)) {
         if (!ticket) return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: the wide router (%d experts of %d) needs its ticket", E, hid);
         if (in_norm)
             KDT_TRY(kdt_mk_rmsnorm(in_norm->x, hid, nullptr, R, hid, in_norm->w, in_norm->eps, (float *)h, hid, hn, hid, dt, s));
         const unsigned blocks = (unsigned)((E + kWideExperts - 1) / kWideExperts);
-        KDT_CUDA_CHECK(kdt_pdl_launch(route_wide_kernel, dim3(blocks), dim3(kThreads), smem_bytes(kThreads, E, G, K), s, a, (int *)ticket));
+        a.most_route_warps = kWideRouteWarps;
+        KDT_CUDA_CHECK(kdt_pdl_launch(route_wide_kernel, dim3(blocks), dim3(kWideThreads), smem_bytes(kWideThreads, R, E, G, K, kWideRouteWarps),
+                                      s, a, (int *)ticket));
         KDT_CUDA_CHECK_LAUNCH("route_wide");
         return KDT_OK;
     }
     const NormArgs n = in_norm ? NormArgs{in_norm->x, in_norm->w, in_norm->eps, (float *)h, hn, dt == KDT_BF16} : NormArgs{};
     int threads = kThreads;
-    while (R * E > kThreads && threads < kMaxThreads && smem_bytes(threads + 256, E, G, K) <= (size_t)kMaxSmem) threads += 256;
-    KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(threads), smem_bytes(threads, E, G, K), s, a, n));
+    while (R * E > kThreads && threads < kMaxThreads && smem_bytes(threads + 256, R, E, G, K) <= (size_t)kMaxSmem) threads += 256;
+    KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(threads), smem_bytes(threads, R, E, G, K), s, a, n));
     KDT_CUDA_CHECK_LAUNCH("route_plan");
     return KDT_OK;
 }

@@ -126,12 +126,20 @@ struct RoutePlanArgs {
     int32_t *counts, *offs;      /* [E] assignments per expert, first place in perm */
     int32_t *perm;               /* [R * K] assignments of expert 0 in order, then expert 1, ... */
     int32_t *pos;                /* [R * K] where each assignment sits in perm */
+    int most_route_warps;        /* route_warps' `most` (0: every warp may route a row) */
 };
 
-/* Bytes of route_plan_block's shared memory for a block of `warps` warps: each warp's route_row
- * scratch, then E offsets (ints) and E row masks (64-bit words). */
-__host__ __device__ inline int route_plan_smem_bytes(int warps, int E, int G, int K) {
-    return warps * route_scratch_bytes(E, G, K) + (E * 4 + 7) / 8 * 8 + E * 8;
+/* The warps of a block of `warps` that route rows (route_row), for R rows and at most `most` of
+ * them routing (0: no limit). */
+__host__ __device__ inline int route_warps(int warps, int R, int most) {
+    const int w = most > 0 && most < warps ? most : warps;
+    return w < R ? w : R;
+}
+
+/* Bytes of route_plan_block's shared memory: the route_row scratch of each of rw routing warps
+ * (route_warps), then E offsets (ints) and E row masks (64-bit words). */
+__host__ __device__ inline int route_plan_smem_bytes(int rw, int E, int G, int K) {
+    return rw * route_scratch_bytes(E, G, K) + (E * 4 + 7) / 8 * 8 + E * 8;
 }
 
 /* One block (blockDim.x a multiple of 32) does the whole routing of a small batch (R <= 64): the
@@ -152,11 +160,12 @@ __device__ inline void route_plan_block(const RoutePlanArgs &a, unsigned char *s
         }
         __syncthreads();
     }
+    const int rw = route_warps(warps, a.R, a.most_route_warps);
     void *scratch = smem + (size_t)warp * route_scratch_bytes(a.E, a.G, a.K);
-    int *offs = (int *)(smem + (size_t)warps * route_scratch_bytes(a.E, a.G, a.K));
+    int *offs = (int *)(smem + (size_t)rw * route_scratch_bytes(a.E, a.G, a.K));
     unsigned long long *rows = (unsigned long long *)((unsigned char *)offs + (a.E * 4 + 7) / 8 * 8);
     for (int e = (int)threadIdx.x; e < a.E; e += (int)blockDim.x) rows[e] = 0;
-    for (int r = warp; r < a.R; r += warps)
+    for (int r = warp; warp < rw && r < a.R; r += rw)
         route_row(a.logits + (size_t)r * a.E, a.bias, a.E, a.G, a.topk_group, a.K, a.norm, a.scale, a.idx + (size_t)r * a.K,
                   a.wt + (size_t)r * a.K, scratch);
     __syncthreads();
