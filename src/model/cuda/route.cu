@@ -3,9 +3,9 @@
  * choice and grouping need every row's scores, so they run in one block, and batches are kept to
  * kMaxRows rows. Where the router's weights are small enough for one SM, that block computes the
  * scores too (and the layer's norm before them). Larger routers (Kimi K2's 384 x 7168 f32, 11 MB)
- * are read by the whole GPU: a block per kTeam-warp team pair scores its experts for every row,
- * and the last block to finish (an integer ticket: which one does not change any result) runs
- * the choice and grouping on the scores; the norm is kdt_mk_rmsnorm's launch before it. */
+ * are read by the whole GPU: teams of warps score their experts for every row, and the last block
+ * to finish (an integer ticket: which one does not change any result) runs the choice and
+ * grouping on the scores; the norm is kdt_mk_rmsnorm's launch before it. */
 #include <cmath>
 
 #include "common/cuda/cuda_common.cuh"
@@ -75,28 +75,36 @@ __global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a
     route_plan_block(a, smem);
 }
 
-/* The wide router: kTeam warps per expert, kWideThreads a block (kWideExperts experts, so that the
- * rows are read from L2 by E / 8 blocks only), kScoreRows rows at a time, at most kWideMaxRows rows
- * (past that the rows' reads outweigh the weights'; cuBLAS then). A row's score for expert e, h_r .
- * w_e (hid % 4 == 0): lane l of member m sums the 4-float chunks c = 32 m + l, + 32 kTeam, ... in
- * increasing order (a chunk's 4 products in order), a butterfly over the warp, then the members'
- * sums in member order: one order per hidden size, whatever the batch or grid. A member rereads
- * its weights (from L1) for each kScoreRows rows. The last block routes with 8 warps' scratch. */
-constexpr int kTeam = 4, kScoreRows = 4, kWideThreads = 1024, kWideExperts = kWideThreads / 32 / kTeam, kWideMaxRows = 16;
+/* The wide router: blocks of kWideThreads (the rows are read from L2 once per block), a team of T
+ * warps per expert (T = team_warps(E): 4 for Kimi K2's 384 experts, up to 32 for a few experts, so
+ * that one to two thousand warps read the weights), kScoreRows rows at a time, at most kWideMaxRows rows
+ * (past that the rows' reads outweigh the weights'; cuBLAS then). A row's score for expert e,
+ * h_r . w_e (hid % 4 == 0): lane l of member m sums the 4-float chunks c = 32 m + l, + 32 T, ...
+ * in increasing order (a chunk's 4 products in order), a butterfly over the warp, then the
+ * members' sums in member order: one order per model, whatever the batch or grid. A member
+ * rereads its weights (from L1) for each kScoreRows rows. The last block routes with 8 warps'
+ * scratch. */
+constexpr int kScoreRows = 4, kWideThreads = 1024, kWideWarps = kWideThreads / 32, kWideMaxRows = 16;
 constexpr int kWideRouteWarps = kThreads / 32;
 
-__global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs a, int *ticket) {
+int team_warps(int32_t E) {
+    int t = 4;
+    while (t < kWideWarps && (int64_t)E * t * 2 <= 2048) t *= 2;
+    return t;
+}
+
+__global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs a, int team, int *ticket) {
     extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float part[kWideExperts][kTeam][kScoreRows];
+    __shared__ float part[kWideWarps][kScoreRows];
     __shared__ bool last;
     kdt_pdl_begin();
-    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, m = warp % kTeam, slot = warp / kTeam;
-    const int e = (int)blockIdx.x * kWideExperts + slot, chunks = a.hid / 4;
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, m = warp % team, slot = warp / team;
+    const int e = (int)blockIdx.x * (kWideWarps / team) + slot, chunks = a.hid / 4;
     const float4 *w = (const float4 *)(a.w + (size_t)(e < a.E ? e : 0) * a.hid);
     for (int r0 = 0; r0 < a.R; r0 += kScoreRows) {
         float acc[kScoreRows] = {};
 #pragma unroll 4
-        for (int c = m * 32 + lane; c < chunks; c += 32 * kTeam) {
+        for (int c = m * 32 + lane; c < chunks; c += 32 * team) {
             const float4 wv = w[c];
 #pragma unroll
             for (int q = 0; q < kScoreRows; q++) {
@@ -108,12 +116,12 @@ __global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs 
 #pragma unroll
         for (int q = 0; q < kScoreRows; q++) {
             for (int o = 16; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
-            if (lane == 0) part[slot][m][q] = acc[q];
+            if (lane == 0) part[warp][q] = acc[q];
         }
         __syncthreads();
         if (m == 0 && lane < kScoreRows && r0 + lane < a.R && e < a.E) {
-            float v = part[slot][0][lane];
-            for (int k = 1; k < kTeam; k++) v += part[slot][k][lane];
+            float v = part[warp][lane];
+            for (int k = 1; k < team; k++) v += part[warp + k][lane];
             a.logits[(size_t)(r0 + lane) * a.E + e] = v;
         }
         __syncthreads(); /* part is rewritten by the next rows */
@@ -154,10 +162,10 @@ extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t 
         if (!ticket) return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: the wide router (%d experts of %d) needs its ticket", E, hid);
         if (in_norm)
             KDT_TRY(kdt_mk_rmsnorm(in_norm->x, hid, nullptr, R, hid, in_norm->w, in_norm->eps, (float *)h, hid, hn, hid, dt, s));
-        const unsigned blocks = (unsigned)((E + kWideExperts - 1) / kWideExperts);
+        const int team = team_warps(E), per_block = kWideWarps / team;
         a.most_route_warps = kWideRouteWarps;
-        KDT_CUDA_CHECK(kdt_pdl_launch(route_wide_kernel, dim3(blocks), dim3(kWideThreads), smem_bytes(kWideThreads, R, E, G, K, kWideRouteWarps),
-                                      s, a, (int *)ticket));
+        KDT_CUDA_CHECK(kdt_pdl_launch(route_wide_kernel, dim3((unsigned)((E + per_block - 1) / per_block)), dim3(kWideThreads),
+                                      smem_bytes(kWideThreads, R, E, G, K, kWideRouteWarps), s, a, team, (int *)ticket));
         KDT_CUDA_CHECK_LAUNCH("route_wide");
         return KDT_OK;
     }
