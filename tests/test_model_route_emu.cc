@@ -43,6 +43,26 @@ static inline int __shfl_up_sync(unsigned, int v, int delta) { /* lanes below de
 static inline unsigned long long atomicOr(unsigned long long *p, unsigned long long v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 static inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 static inline float __ldcg(const float *p) { return *p; }
+static inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+/* The warp's largest (or smallest) v: every lane posts, then reads all 32. */
+static inline unsigned emu_reduce(unsigned v, bool largest) {
+    const int w = (int)threadIdx.x >> 5;
+    g_blk->xchg[w][threadIdx.x & 31] = v;
+    g_blk->warp[w]->arrive_and_wait();
+    unsigned r = v;
+    for (int i = 0; i < 32; i++) {
+        const unsigned o = (unsigned)g_blk->xchg[w][i];
+        r = largest ? std::max(r, o) : std::min(r, o);
+    }
+    g_blk->warp[w]->arrive_and_wait();
+    return r;
+}
+static inline unsigned __reduce_max_sync(unsigned, unsigned v) { return emu_reduce(v, true); }
+static inline unsigned __reduce_min_sync(unsigned, unsigned v) { return emu_reduce(v, false); }
 
 #include "model/cuda/route.cuh"
 

@@ -3,8 +3,9 @@
  * kernels.cu's route kernel (a block per row) and by route_plan_block (route.cu: one block does
  * the router's scores, the choice of every row and the expert grouping of a small batch in one
  * launch). The CUDA subset it uses: threadIdx, blockDim, __syncthreads, __syncwarp,
- * __shfl_xor_sync on floats and ints, __shfl_up_sync on ints, atomicOr on shared 64-bit words,
- * __popcll, __ldcg, expf, fmaf. */
+ * __shfl_xor_sync on floats and ints, __shfl_up_sync on ints, __reduce_max_sync and
+ * __reduce_min_sync on unsigned ints, atomicOr on shared 64-bit words, __popcll, __ldcg,
+ * __float_as_uint, expf, fmaf. */
 #pragma once
 
 /* Bytes of one warp's route_row scratch: score [E], choice [E], gscore [G], wsel [K] floats, then
@@ -22,12 +23,23 @@ __device__ inline void route_row(const float *logits, const float *bias, int E, 
     float *score = (float *)scratch, *choice = score + E, *gscore = choice + E, *wsel = gscore + G;
     unsigned char *taken = (unsigned char *)(wsel + K), *gsel = taken + E;
     const int lane = (int)(threadIdx.x % 32), per = E / G;
-#pragma unroll 4
-    for (int e = lane; e < E; e += 32) {
-        const float s = 1.0f / (1.0f + expf(-__ldcg(logits + e))); /* past L1: other blocks may have written them (route.cu) */
-        score[e] = s;
-        choice[e] = s + bias[e];
-        taken[e] = 0;
+    for (int e0 = lane; e0 < E; e0 += 32 * 8) { /* 8 logits and biases a lane in flight, then their stores */
+        float lg[8], bs[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = e0 + 32 * i;
+            lg[i] = e < E ? __ldcg(logits + e) : 0.f; /* past L1: other blocks may have written them (route.cu) */
+            bs[i] = e < E ? bias[e] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = e0 + 32 * i;
+            if (e >= E) break;
+            const float s = 1.0f / (1.0f + expf(-lg[i]));
+            score[e] = s;
+            choice[e] = s + bs[i];
+            taken[e] = 0;
+        }
     }
     __syncwarp();
     /* Each group's two best biased scores, the warp over its members: every lane keeps the two best
@@ -77,14 +89,16 @@ __device__ inline void route_row(const float *logits, const float *bias, int E, 
                 bi = e;
                 bv = choice[e];
             }
-        for (int o = 16; o > 0; o >>= 1) {
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bi = oi;
-                bv = ov;
-            }
+        /* The warp's: the largest value by its bits in an unsigned order (0: none; -0 as +0), then
+         * the lowest index holding it. */
+        unsigned key = 0u;
+        if (bi >= 0) {
+            const unsigned u = __float_as_uint(bv == 0.f ? 0.f : bv);
+            key = (u & 0x80000000u) ? ~u : u | 0x80000000u;
         }
+        const unsigned top = __reduce_max_sync(0xffffffffu, key);
+        const unsigned at = __reduce_min_sync(0xffffffffu, bi >= 0 && key == top ? (unsigned)bi : 0xffffffffu);
+        bi = top ? (int)at : -1;
         if (lane == 0) {
             const float w = bi >= 0 ? score[bi] : 0.f;
             if (bi >= 0) taken[bi] = 1;
