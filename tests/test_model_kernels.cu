@@ -9,9 +9,10 @@
  *   expert): the same experts, weights, counts, offsets, perm and places, bit for bit, at Kimi K2's
  *   384 experts and DeepSeek-V3's 8 groups;
  * - the wide router (kdt_mk_route_plan computing the scores of a large router over the GPU, after
- *   the layer's norm): the norm's bits are kdt_mk_rmsnorm's, the scores within 1e-5 of a double
- *   reference, the choice and grouping those of route + moe_plan on its own scores, two runs the
- *   same bits, a row's bits the same alone and in a batch, the ticket left at zero.
+ *   the layer's norm, in the same launch up to 4 rows): the norm's bits are kdt_mk_rmsnorm's, the
+ *   scores within 1e-5 of a double reference, the choice and grouping those of route + moe_plan on
+ *   its own scores, two runs the same bits, a row's bits the same alone (norm in the launch) and in
+ *   a batch of 16 (norm launched before), the ticket left at zero.
  * Without a CUDA device it prints a SKIP line. */
 #include <math.h>
 #include <stdio.h>

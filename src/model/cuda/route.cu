@@ -5,7 +5,8 @@
  * scores too (and the layer's norm before them). Larger routers (Kimi K2's 384 x 7168 f32, 11 MB)
  * are read by the whole GPU: teams of warps score their experts for every row, and the last block
  * to finish (an integer ticket: which one does not change any result) runs the choice and
- * grouping on the scores; the norm is kdt_mk_rmsnorm's launch before it. */
+ * grouping on the scores; the norm is done in the same launch for up to 4 rows (a decode step),
+ * by kdt_mk_rmsnorm's launch before it past that. */
 #include <cmath>
 
 #include "common/cuda/cuda_common.cuh"
@@ -30,12 +31,19 @@ size_t smem_bytes(int threads, int64_t R, int32_t E, int32_t G, int32_t K, int m
     return (size_t)route_plan_smem_bytes(route_warps(threads / 32, (int)R, most), E, G, K);
 }
 
-/* The layer's RMSNorm before the routing: rows x [R, hid] f32, weights w [hid]; out h [R, hid] f32
- * and hn [R, hid] (T). Each group of 256 threads sums rows as kernels.cu's rmsnorm_kernel (thread t
- * elements t, t + 256, ..., a butterfly per warp, one over the 8 warps' sums), so the bits are its. */
-template <typename T>
-__device__ void norm_rows(const float *x, const float *w, float eps, int R, int hid, float *h, T *hn) {
-    __shared__ float part[kMaxRows][kNormWarps], inv[kMaxRows];
+struct NormArgs {
+    const float *x, *w;          /* rows [R, hid] f32, weights [hid] */
+    float eps;
+    float *h;                    /* [R, hid] f32 out: the routing's h */
+    void *hn;                    /* [R, hid] out, bf16 or f32 */
+    int bf16;                    /* hn's type: bf16, else f32 */
+};
+
+/* inv[r] = 1 / sqrt(mean(x_r^2) + eps) of the layer's RMSNorm over rows x [R, hid] (inv: shared, R
+ * floats). Each group of 256 threads sums rows as kernels.cu's rmsnorm_kernel (thread t elements t,
+ * t + 256, ..., a butterfly per warp, one over the 8 warps' sums), so the bits are its. */
+__device__ void norm_inv_rows(const float *x, float eps, int R, int hid, float *inv) {
+    __shared__ float part[kMaxRows][kNormWarps];
     const int groups = (int)blockDim.x / 256, t = (int)threadIdx.x % 256, lane = t % 32, wg = t / 32;
     const int warp = (int)threadIdx.x / 32, warps = (int)blockDim.x / 32;
     for (int r = (int)threadIdx.x / 256; r < R; r += groups) {
@@ -50,28 +58,28 @@ __device__ void norm_rows(const float *x, const float *w, float eps, int R, int 
         if (lane == 0) inv[r] = 1.0f / sqrtf(v / (float)hid + eps);
     }
     __syncthreads();
-    for (int i = (int)threadIdx.x; i < R * hid; i += (int)blockDim.x) {
-        const float y = w[i % hid] * (x[i] * inv[i / hid]);
-        h[i] = y;
-        if (sizeof(T) == 2) hn[i] = __float2bfloat16_rn(y);
-        else ((float *)hn)[i] = y;
-    }
-    __syncthreads(); /* h is read by the other threads' scores next */
 }
 
-struct NormArgs {
-    const float *x, *w;
-    float eps;
-    float *h;                    /* = the routing's h */
-    void *hn;
-    int bf16;                    /* hn's type: bf16, else f32 */
-};
+/* h and hn elements i = first, first + step, ... < R * hid of the norm: w * (x * inv), as
+ * kernels.cu's rmsnorm writes them. */
+__device__ void norm_write(const NormArgs &n, const float *inv, int R, int hid, int first, int step) {
+    for (int i = first; i < R * hid; i += step) {
+        const float y = n.w[i % hid] * (n.x[i] * inv[i / hid]);
+        n.h[i] = y;
+        if (n.bf16) ((__nv_bfloat16 *)n.hn)[i] = __float2bfloat16_rn(y);
+        else ((float *)n.hn)[i] = y;
+    }
+}
 
 __global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a, NormArgs n) {
     extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float inv[kMaxRows];
     kdt_pdl_begin();
-    if (n.x && n.bf16) norm_rows(n.x, n.w, n.eps, a.R, a.hid, n.h, (__nv_bfloat16 *)n.hn);
-    else if (n.x) norm_rows(n.x, n.w, n.eps, a.R, a.hid, n.h, (float *)n.hn);
+    if (n.x) {
+        norm_inv_rows(n.x, n.eps, a.R, a.hid, inv);
+        norm_write(n, inv, a.R, a.hid, (int)threadIdx.x, (int)blockDim.x);
+        __syncthreads(); /* h is read by the other threads' scores next */
+    }
     route_plan_block(a, smem);
 }
 
@@ -83,9 +91,11 @@ __global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a
  * in increasing order (a chunk's 4 products in order), a butterfly over the warp, then the
  * members' sums in member order: one order per model, whatever the batch or grid. A member
  * rereads its weights (from L1) for each kScoreRows rows. The last block routes with 8 warps'
- * scratch. */
+ * scratch. kNorm (at most kFoldRows rows): the layer's norm in the same launch; every block finds
+ * the rows' inverse RMS itself (same order, same bits) and writes its share of h and hn, and the
+ * scores take h = w * (x * inv) as they go (the bits of h), since other blocks are writing h. */
 constexpr int kScoreRows = 4, kWideThreads = 1024, kWideWarps = kWideThreads / 32, kWideMaxRows = 16;
-constexpr int kWideRouteWarps = kThreads / 32;
+constexpr int kWideRouteWarps = kThreads / 32, kFoldRows = 4;
 
 int team_warps(int32_t E) {
     int t = 4;
@@ -93,11 +103,16 @@ int team_warps(int32_t E) {
     return t;
 }
 
-__global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs a, int team, int *ticket) {
+template <bool kNorm>
+__global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs a, NormArgs n, int team, int *ticket) {
     extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float part[kWideWarps][kScoreRows];
+    __shared__ float part[kWideWarps][kScoreRows], inv[kFoldRows];
     __shared__ bool last;
     kdt_pdl_begin();
+    if (kNorm) {
+        norm_inv_rows(n.x, n.eps, a.R, a.hid, inv);
+        norm_write(n, inv, a.R, a.hid, (int)(blockIdx.x * blockDim.x + threadIdx.x), (int)(gridDim.x * blockDim.x));
+    }
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, m = warp % team, slot = warp / team;
     const int e = (int)blockIdx.x * (kWideWarps / team) + slot, chunks = a.hid / 4;
     const float4 *w = (const float4 *)(a.w + (size_t)(e < a.E ? e : 0) * a.hid);
@@ -105,11 +120,18 @@ __global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs 
         float acc[kScoreRows] = {};
 #pragma unroll 4
         for (int c = m * 32 + lane; c < chunks; c += 32 * team) {
-            const float4 wv = w[c];
+            const float4 wv = w[c], nv = kNorm ? ((const float4 *)n.w)[c] : float4{};
 #pragma unroll
             for (int q = 0; q < kScoreRows; q++) {
                 if (r0 + q >= a.R) break;
-                const float4 hv = ((const float4 *)(a.h + (size_t)(r0 + q) * a.hid))[c];
+                float4 hv;
+                if (kNorm) {
+                    const float4 xv = ((const float4 *)(n.x + (size_t)(r0 + q) * a.hid))[c];
+                    const float s = inv[r0 + q];
+                    hv = float4{nv.x * (xv.x * s), nv.y * (xv.y * s), nv.z * (xv.z * s), nv.w * (xv.w * s)};
+                } else {
+                    hv = ((const float4 *)(a.h + (size_t)(r0 + q) * a.hid))[c];
+                }
                 acc[q] = fmaf(hv.w, wv.w, fmaf(hv.z, wv.z, fmaf(hv.y, wv.y, fmaf(hv.x, wv.x, acc[q]))));
             }
         }
@@ -160,12 +182,15 @@ extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t 
     RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos, 0};
     if (h && !small_router(E, hid)) {
         if (!ticket) return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: the wide router (%d experts of %d) needs its ticket", E, hid);
-        if (in_norm)
+        const bool fold = in_norm && R <= kFoldRows;
+        if (in_norm && !fold)
             KDT_TRY(kdt_mk_rmsnorm(in_norm->x, hid, nullptr, R, hid, in_norm->w, in_norm->eps, (float *)h, hid, hn, hid, dt, s));
+        const NormArgs na = fold ? NormArgs{in_norm->x, in_norm->w, in_norm->eps, (float *)h, hn, dt == KDT_BF16} : NormArgs{};
         const int team = team_warps(E), per_block = kWideWarps / team;
         a.most_route_warps = kWideRouteWarps;
-        KDT_CUDA_CHECK(kdt_pdl_launch(route_wide_kernel, dim3((unsigned)((E + per_block - 1) / per_block)), dim3(kWideThreads),
-                                      smem_bytes(kWideThreads, R, E, G, K, kWideRouteWarps), s, a, team, (int *)ticket));
+        KDT_CUDA_CHECK(kdt_pdl_launch(fold ? route_wide_kernel<true> : route_wide_kernel<false>,
+                                      dim3((unsigned)((E + per_block - 1) / per_block)), dim3(kWideThreads),
+                                      smem_bytes(kWideThreads, R, E, G, K, kWideRouteWarps), s, a, na, team, (int *)ticket));
         KDT_CUDA_CHECK_LAUNCH("route_wide");
         return KDT_OK;
     }
