@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kAbsorbWarps * 32) q_absorb_kernel(const float
 }
 
 /* Block (r, 0): row r's latent cache row. Block (r, 1), with q_in: the q_a norm of the same
- * projection's row, so that both norms of [q_a | kv_a] are one launch. */
+ * projection's row, so that both norms of [q_a | kv_a] are one launch. 256 threads: the q_a norm
+ * has the bits of kdt_mk_rmsnorm's (the unfused path). */
 template <typename T>
 __global__ void kv_append_kernel(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
                                  const int64_t *slot_rows, int Dv, int rope, int interleave, T *pool, const float *q_in,
@@ -461,10 +462,10 @@ extern "C" kdt_status kdt_mk_kv_append_qa(const float *ckv, int64_t ld, const fl
     if (R == 0) return KDT_OK;
     const dim3 grid((unsigned)R, q_in ? 2u : 1u);
     BY_DTYPE(dt,
-             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<float>, grid, dim3(128), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope,
-                                           interleave, (float *)pool, q_in, q_w, ql, (float *)qa)),
-             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<bf16>, grid, dim3(128), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope,
-                                           interleave, (bf16 *)pool, q_in, q_w, ql, (bf16 *)qa)));
+             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<float>, grid, dim3(kThreads), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv,
+                                           rope, interleave, (float *)pool, q_in, q_w, ql, (float *)qa)),
+             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<bf16>, grid, dim3(kThreads), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv,
+                                           rope, interleave, (bf16 *)pool, q_in, q_w, ql, (bf16 *)qa)));
     KDT_CUDA_CHECK_LAUNCH("kv_append");
     return KDT_OK;
 }
