@@ -522,8 +522,8 @@ extern "C" kdt_status kdt_mk_moe_combine(float *x, const float *ye, const int32_
     if (K > kMaxTopk) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts per token, at most %d", K, kMaxTopk);
     const int V = hid % 4 == 0 ? 4 : 1;
     const dim3 grid((unsigned)R, (unsigned)((hid + kThreads * V - 1) / (kThreads * V)));
-    if (V == 4) KDT_CUDA_CHECK(kdt_pdl_launch(moe_combine_kernel<4>, grid, dim3(kThreads), 0, s, x, ye, idx, wt, pos, R, K, E, hid, shared));
-    else KDT_CUDA_CHECK(kdt_pdl_launch(moe_combine_kernel<1>, grid, dim3(kThreads), 0, s, x, ye, idx, wt, pos, R, K, E, hid, shared));
+    KDT_CUDA_CHECK(kdt_pdl_launch(V == 4 ? moe_combine_kernel<4> : moe_combine_kernel<1>, grid, dim3(kThreads), 0, s, x, ye, idx, wt, pos,
+                                  R, K, E, hid, shared));
     KDT_CUDA_CHECK_LAUNCH("moe_combine");
     return KDT_OK;
 }

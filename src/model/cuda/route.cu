@@ -166,7 +166,8 @@ bool small_router(int32_t E, int32_t hid) { return (int64_t)E * hid * (int64_t)s
 } // namespace
 
 extern "C" int kdt_mk_route_plan_fits(int64_t R, int32_t E, int32_t G, int32_t K, int32_t hid, int with_scores) {
-    if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0 || smem_bytes(kThreads, R, E, G, K) > (size_t)kMaxSmem) return 0;
+    if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0) return 0;
+    if (smem_bytes(kThreads, R, E, G, K) > (size_t)kMaxSmem) return 0;
     return !with_scores || small_router(E, hid) || (hid % 4 == 0 && hid > 0 && R <= kWideMaxRows);
 }
 
