@@ -84,8 +84,9 @@ __global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a
 }
 
 /* The wide router: blocks of kWideThreads (the rows are read from L2 once per block), a team of T
- * warps per expert (T = team_warps(E): 4 for Kimi K2's 384 experts, up to 32 for a few experts, so
- * that one to two thousand warps read the weights), kScoreRows rows at a time, at most kWideMaxRows rows
+ * warps per expert (T = team_warps(E): 8 for Kimi K2's 384 experts, 16 for DeepSeek-V3's 256, up to
+ * 32 for a few experts, so that 2 to 4 thousand warps read the weights, a few loads each: the mid
+ * run's 4-warp teams took 23 us for Kimi's 11 MB), kScoreRows rows at a time, at most kWideMaxRows rows
  * (past that the rows' reads outweigh the weights'; cuBLAS then). A row's score for expert e,
  * h_r . w_e (hid % 4 == 0): lane l of member m sums the 4-float chunks c = 32 m + l, + 32 T, ...
  * in increasing order (a chunk's 4 products in order), a butterfly over the warp, then the
@@ -99,7 +100,7 @@ constexpr int kWideRouteWarps = kThreads / 32, kFoldRows = 4;
 
 int team_warps(int32_t E) {
     int t = 4;
-    while (t < kWideWarps && (int64_t)E * t * 2 <= 2048) t *= 2;
+    while (t < kWideWarps && (int64_t)E * t * 2 <= 4096) t *= 2;
     return t;
 }
 

@@ -23,16 +23,16 @@ __device__ inline void route_row(const float *logits, const float *bias, int E, 
     float *score = (float *)scratch, *choice = score + E, *gscore = choice + E, *wsel = gscore + G;
     unsigned char *taken = (unsigned char *)(wsel + K), *gsel = taken + E;
     const int lane = (int)(threadIdx.x % 32), per = E / G;
-    for (int e0 = lane; e0 < E; e0 += 32 * 8) { /* 8 logits and biases a lane in flight, then their stores */
-        float lg[8], bs[8];
+    for (int e0 = lane; e0 < E; e0 += 32 * 16) { /* 16 logits and biases a lane in flight, then their stores */
+        float lg[16], bs[16];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < 16; i++) {
             const int e = e0 + 32 * i;
             lg[i] = e < E ? __ldcg(logits + e) : 0.f; /* past L1: other blocks may have written them (route.cu) */
             bs[i] = e < E ? bias[e] : 0.f;
         }
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < 16; i++) {
             const int e = e0 + 32 * i;
             if (e >= E) break;
             const float s = 1.0f / (1.0f + expf(-lg[i]));
