@@ -11,7 +11,7 @@ import csv
 import re
 import sys
 
-SMALL = r"rmsnorm|route_plan|route_kernel|moe_combine|kv_append|splitKreduce|moe_count|moe_fill|silu_mul|q_prep|rope_table|embed"
+SMALL = r"rmsnorm|route_plan|route_wide|route_kernel|moe_combine|kv_append|splitKreduce|moe_count|moe_fill|silu_mul|q_prep|rope_table|embed"
 SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1, "usecond": 1, "ms": 1e3, "msecond": 1e3,
          "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
