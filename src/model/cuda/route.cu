@@ -146,13 +146,11 @@ __global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs 
             float v = part[warp][lane];
             for (int k = 1; k < team; k++) v += part[warp + k][lane];
             a.logits[(size_t)(r0 + lane) * a.E + e] = v;
+            __threadfence(); /* device-wide before the block's ticket (the last block reads it) */
         }
         __syncthreads(); /* part is rewritten by the next rows */
     }
-    if (threadIdx.x == 0) {
-        __threadfence(); /* this block's scores, before its ticket */
-        last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
-    }
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1; /* after every score's fence (the barrier) */
     __syncthreads();
     if (!last) return;
     __threadfence();
