@@ -150,7 +150,10 @@ __global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs 
         }
         __syncthreads(); /* part is rewritten by the next rows */
     }
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1; /* after every score's fence (the barrier) */
+    if (threadIdx.x == 0) {
+        __threadfence(); /* and the block's scores, seen by this thread through the barrier, before its ticket */
+        last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    }
     __syncthreads();
     if (!last) return;
     __threadfence();
