@@ -2,10 +2,12 @@
  * runs it on CPU threads. route_row is DeepSeek-V3's choice for one row (one warp), used by
  * kernels.cu's route kernel (a block per row) and by route_plan_block (route.cu: one block does
  * the router's scores, the choice of every row and the expert grouping of a small batch in one
- * launch). The CUDA subset it uses: threadIdx, blockDim, __syncthreads, __syncwarp,
- * __shfl_xor_sync on floats and ints, __shfl_up_sync on ints, __reduce_max_sync and
- * __reduce_min_sync on unsigned ints, atomicOr on shared 64-bit words, __popcll, __ldcg,
- * __float_as_uint, expf, fmaf. */
+ * launch) and by route_wide_block (route.cu's wide router: many blocks score a large router, the
+ * last one routes). The CUDA subset it uses: threadIdx, blockIdx, blockDim, gridDim,
+ * __syncthreads, __syncwarp, __threadfence, __shfl_xor_sync on floats and ints, __shfl_up_sync on
+ * ints, __reduce_max_sync and __reduce_min_sync on unsigned ints, atomicOr on shared 64-bit words,
+ * atomicAdd on ints, __popcll, __ldcg, __float_as_uint, float4 loads, __float2bfloat16_rn, expf,
+ * fmaf, sqrtf, and norm.cuh's norm_sumsq_part (included first). */
 #pragma once
 
 /* Bytes of one warp's route_row scratch: score [E], choice [E], gscore [G], wsel [K] floats, then
@@ -214,4 +216,122 @@ __device__ inline void route_plan_block(const RoutePlanArgs &a, unsigned char *s
         a.perm[p] = j;
         a.pos[j] = p;
     }
+}
+
+/* The layer's RMSNorm before the routing: rows x [R, hid] f32, weights w [hid]; out h [R, hid] f32
+ * and hn [R, hid] (bf16, else f32). */
+struct RouteNorm {
+    const float *x, *w;
+    float eps;
+    float *h;
+    void *hn;
+    int bf16;
+};
+
+/* inv[r] = 1 / sqrt(mean(x_r^2) + eps) for r < R (shared, R floats; part: shared [R][8]). Each group
+ * of 256 threads sums rows as kernels.cu's rmsnorm_kernel (thread t elements t, t + 256, ..., a
+ * butterfly per warp, one over the 8 warps' sums), so the bits are its. */
+__device__ inline void norm_inv_rows(const float *x, float eps, int R, int hid, float (*part)[8], float *inv) {
+    const int groups = (int)blockDim.x / 256, t = (int)threadIdx.x % 256, lane = t % 32, wg = t / 32;
+    const int warp = (int)threadIdx.x / 32, warps = (int)blockDim.x / 32;
+    for (int r = (int)threadIdx.x / 256; r < R; r += groups) {
+        float ss = norm_sumsq_part(x + (size_t)r * hid, hid, t, 256);
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) part[r][wg] = ss;
+    }
+    __syncthreads();
+    for (int r = warp; r < R; r += warps) {
+        float v = lane < 8 ? part[r][lane] : 0.f;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) inv[r] = 1.0f / sqrtf(v / (float)hid + eps);
+    }
+    __syncthreads();
+}
+
+/* h and hn elements i = first, first + step, ... < R * hid of the norm: w * (x * inv), as
+ * kernels.cu's rmsnorm writes them. */
+__device__ inline void norm_write(const RouteNorm &n, const float *inv, int R, int hid, int first, int step) {
+    for (int i = first; i < R * hid; i += step) {
+        const float y = n.w[i % hid] * (n.x[i] * inv[i / hid]);
+        n.h[i] = y;
+        if (n.bf16) ((__nv_bfloat16 *)n.hn)[i] = __float2bfloat16_rn(y);
+        else ((float *)n.hn)[i] = y;
+    }
+}
+
+constexpr int kScoreRows = 4; /* rows route_wide_block scores at a time */
+
+/* Shared memory of route_wide_block besides route_plan_block's: per warp kScoreRows partial scores,
+ * the norm's partial sums and inverse RMS of up to 4 rows, the last-block flag. */
+struct RouteWideShared {
+    float part[32][kScoreRows];
+    float npart[4][8], inv[4];
+    int last;
+};
+
+/* One block of the wide router (route.cu): a team of `team` warps per expert (blockDim.x / 32 / team
+ * experts a block, block b from expert b * that), kScoreRows rows at a time. A row's score for
+ * expert e, h_r . w_e (hid % 4 == 0; h, w 16-byte aligned): lane l of member m sums the 4-float
+ * chunks c = 32 m + l, + 32 team, ... in increasing order (a chunk's 4 products in order), a
+ * butterfly over the warp, then the members' sums in member order: one order per (hid, team),
+ * whatever the batch or grid. Each writer fences its scores; then the block takes a ticket, and the
+ * block that takes the last one (which one does not change any result) routes and groups all rows
+ * (route_plan_block, with smem) and sets the ticket back to zero. kNorm (R <= blockDim.x / 256,
+ * at most 4): the layer's norm first, each block finding the rows' inverse RMS itself and writing
+ * its share of h and hn; the scores take h = w * (x * inv) as they go, the bits of h, since other
+ * blocks are writing h. */
+template <bool kNorm>
+__device__ inline void route_wide_block(const RoutePlanArgs &a, const RouteNorm &n, int team, int *ticket, unsigned char *smem,
+                                        RouteWideShared &sh) {
+    if (kNorm) {
+        norm_inv_rows(n.x, n.eps, a.R, a.hid, sh.npart, sh.inv);
+        norm_write(n, sh.inv, a.R, a.hid, (int)(blockIdx.x * blockDim.x + threadIdx.x), (int)(gridDim.x * blockDim.x));
+    }
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, m = warp % team, slot = warp / team;
+    const int e = (int)blockIdx.x * ((int)blockDim.x / 32 / team) + slot, chunks = a.hid / 4;
+    const float4 *w = (const float4 *)(a.w + (size_t)(e < a.E ? e : 0) * a.hid);
+    for (int r0 = 0; r0 < a.R; r0 += kScoreRows) {
+        float acc[kScoreRows] = {};
+#pragma unroll 4
+        for (int c = m * 32 + lane; c < chunks; c += 32 * team) {
+            const float4 wv = w[c], nv = kNorm ? ((const float4 *)n.w)[c] : float4{};
+#pragma unroll
+            for (int q = 0; q < kScoreRows; q++) {
+                if (r0 + q >= a.R) break;
+                float4 hv;
+                if (kNorm) {
+                    const float4 xv = ((const float4 *)(n.x + (size_t)(r0 + q) * a.hid))[c];
+                    const float s = sh.inv[r0 + q];
+                    hv = float4{nv.x * (xv.x * s), nv.y * (xv.y * s), nv.z * (xv.z * s), nv.w * (xv.w * s)};
+                } else {
+                    hv = ((const float4 *)(a.h + (size_t)(r0 + q) * a.hid))[c];
+                }
+                acc[q] = fmaf(hv.w, wv.w, fmaf(hv.z, wv.z, fmaf(hv.y, wv.y, fmaf(hv.x, wv.x, acc[q]))));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < kScoreRows; q++) {
+            for (int o = 16; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+            if (lane == 0) sh.part[warp][q] = acc[q];
+        }
+        __syncthreads();
+        if (m == 0 && lane < kScoreRows && r0 + lane < a.R && e < a.E) {
+            float v = sh.part[warp][lane];
+            for (int k = 1; k < team; k++) v += sh.part[warp + k][lane];
+            a.logits[(size_t)(r0 + lane) * a.E + e] = v;
+            __threadfence(); /* device-wide before the block's ticket (the last block reads it) */
+        }
+        __syncthreads(); /* part is rewritten by the next rows */
+    }
+    if (threadIdx.x == 0) {
+        __threadfence(); /* and the block's scores, seen by this thread through the barrier, before its ticket */
+        sh.last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!sh.last) return;
+    __threadfence();
+    RoutePlanArgs b = a;
+    b.h = nullptr; /* the scores are in logits now */
+    route_plan_block(b, smem);
+    if (threadIdx.x == 0) *ticket = 0; /* every other block has taken its ticket */
 }
