@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issues 21 and 23, the small row kernels around the GEMMs (branch sk: kernels.cu's RMSNorm,
 # moe_combine and kv_append, route.cu's one-block router), on a GPU machine in under 3 minutes.
-# Builds (sm_90a) this tree and, beside it, main from git (with this tree's bench_model*.cu, so that
-# only the library differs); runs test_model_kernels (the kernels against the CPU);
+# Builds (sm_90a) this tree and, beside it, $BASE_REV (default main) from git (with this tree's
+# bench_model*.cu, so that only the library differs; on a merged tree set BASE_REV to the commit before); runs test_model_kernels (the kernels against the CPU);
 # bench_model --only kimi (Kimi dims, 2 layers, bf16: decode and 16-row verify at B = 1, 8, 32) and
 # bench_model_quant --only int4 --gb $GB (K2.6 layout, INT4 experts, 12 layers: decode at B = 1, 8,
 # 32), new then main; ncu's per-kernel list of one batch-1 decode step (graphs off, flags 9) of the
@@ -18,6 +18,7 @@ mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
 DEADLINE=${DEADLINE:-174}
 GB=${GB:-110}
+BASE_REV=${BASE_REV:-main}
 source scripts/gpu_notes.sh # note, step, counts
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
@@ -28,13 +29,13 @@ T="$BUILD/tests" BM="$BUILD/bench/bench_model" BQ="$BUILD/bench/bench_model_quan
 BASE=/tmp/kdt-small-kernels-base
 rm -rf "$BASE" && mkdir -p "$BASE"
 base_pid=
-if git rev-parse -q --verify main >/dev/null 2>&1 && git archive main | tar -x -C "$BASE"; then
-    note "baseline: main $(git rev-parse --short main)"
+if git rev-parse -q --verify "$BASE_REV" >/dev/null 2>&1 && git archive "$BASE_REV" | tar -x -C "$BASE"; then
+    note "baseline: $BASE_REV $(git rev-parse --short "$BASE_REV"); this tree: $(git rev-parse --short HEAD 2>/dev/null)"
     cp bench/bench_model.cu bench/bench_model_quant.cu bench/bench_common.h "$BASE/bench/"
     (cd "$BASE" && timeout 120 make -j16 "${MAKEVARS[@]}" "$BM" "$BQ" >"$LOGS/build_base.log" 2>&1) &
     base_pid=$!
 else
-    note "baseline: none (no main in git)"
+    note "baseline: none ($BASE_REV not in git)"
 fi
 step build 120 make -j16 "${MAKEVARS[@]}" "$T/test_model_kernels" "$T/test_model_cuda" "$T/test_model_graph" "$T/test_quant_cuda" \
     "$T/test_spec" "$BM" "$BQ" || grep -E 'error' "$LOGS/build.log" | head -20
