@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Issues 21 and 23, the small row kernels around the GEMMs (branch sk: kernels.cu's RMSNorm,
-# moe_combine and kv_append, route.cu's one-block router), on a GPU machine in under 3 minutes.
-# Builds (sm_90a) this tree and, beside it, $BASE_REV (default main) from git (with this tree's
-# bench_model*.cu, so that only the library differs; on a merged tree set BASE_REV to the commit before); runs test_model_kernels (the kernels against the CPU);
-# bench_model --only kimi (Kimi dims, 2 layers, bf16: decode and 16-row verify at B = 1, 8, 32) and
-# bench_model_quant --only int4 --gb $GB (K2.6 layout, INT4 experts, 12 layers: decode at B = 1, 8,
-# 32), new then main; ncu's per-kernel list of one batch-1 decode step (graphs off, flags 9) of the
-# 2-layer K2.6 INT4 model and of the Kimi-dims model, new and main, with a before/after table per
-# kernel name (main's lists last); between them the model's CUDA tests (test_model_cuda,
-# test_model_graph, test_quant_cuda, test_spec). Every step is cut to what is left of $DEADLINE seconds; one "## " line per step, the
-# summary last; logs in $OUT/logs, tables in $OUT. No network: see scripts/gpu_deps.sh.
+# moe_combine and kv_append, route.cu's routers), on a GPU machine in under 3 minutes. Builds (sm_90a)
+# this tree and, beside it, $BASE_REV (default main; on a merged tree, the commit before the merge)
+# from git, with this tree's bench_model*.cu so that only the library differs. Runs
+# test_model_kernels (the kernels against the CPU); bench_model --only kimi (Kimi dims, 2 layers,
+# bf16: prefill, decode and 16-row verify at B = 1, 8, 32) and bench_model_quant --only int4 --gb $GB
+# (K2.6 layout, INT4 experts, 12 layers: decode at B = 1, 8, 32), this tree then the baseline; ncu's
+# per-kernel list of one batch-1 decode step (graphs off, flags 9) of the 2-layer K2.6 INT4 model and
+# of the Kimi-dims model; the model's CUDA tests (test_model_cuda, test_model_graph, test_quant_cuda,
+# test_spec); then the baseline's ncu lists and a before/after table per kernel name. Every step is
+# cut to what is left of $DEADLINE seconds; one "## " line per step, the summary last; logs in
+# $OUT/logs, tables in $OUT. No network: see scripts/gpu_deps.sh.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kdt-small-kernels}
