@@ -23,9 +23,9 @@ int kdt_mk_route_plan_fits(int64_t R, int32_t E, int32_t G, int32_t K, int32_t h
  * [E], offs [E], perm [R * K], pos [R * K] as kdt_mk_moe_plan. With in_norm (and h): h [R, hid]
  * f32 and hn [R, hid] (dt) = the RMSNorm of in_norm's rows (rows NULL) are written first, with the
  * bits of kdt_mk_rmsnorm (in the launch that routes, or for a large router and more than 4 rows by
- * kdt_mk_rmsnorm's launch before). ticket: one
- * int of device memory, zero, that the wide router's blocks count on (left zero); NULL where the
- * router is small or h NULL. A row's results have the same bits whatever the batch. */
+ * kdt_mk_rmsnorm's launch before). ticket: one int of device memory, zero, that the wide router's
+ * blocks count on (left zero); NULL where the router is small or h NULL. A row's results have the
+ * same bits whatever the batch. */
 kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t hid, float *logits, const float *bias, int64_t R, int32_t E,
                              int32_t G, int32_t topk_group, int32_t K, int norm, float scale, int32_t *idx, float *wt,
                              int32_t *counts, int32_t *offs, int32_t *perm, int32_t *pos, const kdt_mk_norm *in_norm, void *hn,
