@@ -19,12 +19,14 @@
  * memory in use after loading the model and the peak after the runs. Floors (decode, verify): the
  * bytes of every weight the forward reads, each once, routed experts counted as min(E, rows x
  * top-k) per MoE layer, over kPeakBw (the H200's HBM3e); the cache's few MB are left out. The
- * forward's options come from $KDT_MODEL_FLAGS (include/kdt/model.h). */
+ * forward's options come from $KDT_MODEL_FLAGS (include/kdt/model.h). The timed decode steps run between
+ * cudaProfilerStart and Stop (`ncu --profile-from-start off`: one decode step's kernels with --decode 1). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include "bench_common.h"
@@ -167,7 +169,9 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
             t[r] = timed(b, B, P, NULL, NULL);
         }
         const float prefill = bench_median(t, reps);
+        CK(cudaProfilerStart()); /* the decode steps alone: `ncu --profile-from-start off` lists their kernels */
         for (int i = 0; i < D; i++) t[i] = timed(b, B, 1, NULL, NULL);
+        CK(cudaProfilerStop());
         const float decode = bench_median(t, D);
         for (int i = 0; i < D; i++) {
             make_trees(b, B, pos, mask);

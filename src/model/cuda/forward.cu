@@ -154,6 +154,7 @@ struct Bufs {
     void *hn, *qa, *qn, *qabs, *olat, *ov, *act, *xe;
     void *cat;                   /* MTP model: [R, 2 * hidden] (dt), eh_proj's input */
     int32_t *gi, *counts, *offs, *perm, *posa;
+    int32_t *ticket;             /* the wide router's (route.cu): zero between launches; first, so it stays put */
 };
 
 struct Dims {
@@ -207,6 +208,7 @@ void layout_inputs(Bump &b, Bufs &u, const Dims &d, const Plan &p) {
 void layout_scratch(Bump &b, Bufs &u, const Dims &d, const kdt_model_config *f) {
     const size_t R = (size_t)d.R, es = d.es, RK = (size_t)d.R * (d.E ? d.K : 0);
     const size_t RKS = d.E ? RK + R : 0; /* routed assignments, then the shared expert's rows (moe()'s fold) */
+    b.take(&u.ticket, 4);
     size_t gu = R * 2 * (size_t)f->intermediate_size;
     if (d.E) {
         const size_t Im = (size_t)f->moe_intermediate_size, sh = R * 2 * Im * f->n_shared_experts;
@@ -468,7 +470,7 @@ kdt_status moe(Fwd &f, int32_t l) {
     if (plan) {
         KDT_TRY(kdt_mk_route_plan(scores ? u.hf : nullptr, L->router, d.hid, u.rlog, L->router_bias, d.R, d.E, cf->n_group,
                               cf->topk_group, d.K, cf->norm_topk_prob, cf->routed_scaling_factor, u.gi, u.gw, u.counts, u.offs,
-                              u.perm, u.posa, scores ? &ffn : nullptr, u.hn, d.dt, f.s));
+                              u.perm, u.posa, scores ? &ffn : nullptr, u.hn, d.dt, u.ticket, f.s));
     } else {
         KDT_TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
                          cf->routed_scaling_factor, u.gi, u.gw, f.s));
@@ -717,6 +719,10 @@ kdt_status forward_planned(Fwd &f, const Plan &plan, const kdt_batch *bt, const 
     layout_inputs(hp, hb, f.d, plan);
     layout_inputs(dp, f.u, f.d, plan);
     layout_scratch(wp, f.u, f.d, &f.m->cfg);
+    if (ws != f.x->ws) { /* new scratch (0xFF): the ticket starts at zero, and every launch leaves it so */
+        KDT_CUDA_CHECK(cudaMemset(f.u.ticket, 0, sizeof *f.u.ticket));
+        KDT_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     fill_inputs(f.c, bt, start, pos, plan, f.d, hb);
     KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->din, f.x->hin, in.off, cudaMemcpyHostToDevice, f.s));
     return run(f, bt, logits, hidden);

@@ -14,6 +14,7 @@ thread_local bool g_pdl = false; /* kdt_mk_set_pdl: the calling thread's forward
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 1 << 16;
 constexpr int kMaxTopk = 64; /* CUDA_MAX_TOPK of src/model/model.c */
+constexpr int kNormBlocks = 128, kNormSpan = 1024; /* kdt_mk_rmsnorm's grid for small batches */
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -29,6 +30,7 @@ unsigned grid_for(int64_t n) {
 #define GRID_STRIDE(i, n) \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
+#include "model/cuda/norm.cuh"
 #include "model/cuda/route.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -53,12 +55,34 @@ __device__ float block_sum(float v) {
     return total;
 }
 
-/* 1 / sqrt(mean(x^2) + eps) of x [n], as the CPU writes it. */
+/* 1 / sqrt(mean(x^2) + eps) of x [n], as the CPU writes it; the sum in norm.cuh's order for the
+ * block's width. */
 __device__ float rms_inv(const float *x, int n, float eps) {
-    float ss = 0.f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) ss = fmaf(x[j], x[j], ss);
-    ss = block_sum(ss);
+    const float ss = block_sum(norm_sumsq_part(x, n, (int)threadIdx.x, (int)blockDim.x));
     return 1.0f / sqrtf(ss / (float)n + eps);
+}
+
+/* y = w[j] * (x[j] * inv) for j = j0 + threadIdx.x, + blockDim.x, ... < j1, to of[j] and oa[j] (T)
+ * where given: 4 elements' loads in flight before their stores. */
+template <typename T>
+__device__ __forceinline__ void norm_store(const float *x, const float *w, float inv, int j0, int j1, float *of, T *oa) {
+    const int bd = (int)blockDim.x;
+    for (int j = j0 + (int)threadIdx.x; j < j1; j += 4 * bd) {
+        float xv[4], wv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const bool in = j + i * bd < j1;
+            xv[i] = in ? x[j + i * bd] : 0.f;
+            wv[i] = in ? w[j + i * bd] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (j + i * bd >= j1) break;
+            const float y = wv[i] * (xv[i] * inv);
+            if (of) of[j + i * bd] = y;
+            if (oa) oa[j + i * bd] = from_f32<T>(y);
+        }
+    }
 }
 
 /* Output element i (< 2 * half) of rope over k [2 * half]: pair j = i % half is (k[2j], k[2j+1])
@@ -74,18 +98,19 @@ __global__ void embed_kernel(float *x, const T *table, const int32_t *tok, int64
     GRID_STRIDE(i, R * hid) x[i] = to_f32(table[(int64_t)tok[i / hid] * hid + i % hid]);
 }
 
+/* Block (r, s) writes elements [s * span, (s + 1) * span) of output row r. A row of a small batch
+ * is cut over several blocks, each summing the whole row itself (in the same order: the same bits
+ * in every block and at every batch size), so that no block waits on another and a decode step's
+ * norm is not one SM's work. */
 template <typename T>
 __global__ void rmsnorm_kernel(const float *in, int64_t in_ld, const int32_t *rows, int n, const float *w, float eps,
-                               float *of, int64_t f_ld, T *oa, int64_t a_ld) {
+                               float *of, int64_t f_ld, T *oa, int64_t a_ld, int span) {
     kdt_pdl_begin();
     const int64_t r = blockIdx.x;
     const float *x = in + (rows ? (int64_t)rows[r] : r) * in_ld;
     const float inv = rms_inv(x, n, eps);
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float y = w[j] * (x[j] * inv);
-        if (of) of[r * f_ld + j] = y;
-        if (oa) oa[r * a_ld + j] = from_f32<T>(y);
-    }
+    const int j0 = (int)blockIdx.y * span;
+    norm_store(x, w, inv, j0, min(n, j0 + span), of ? of + r * f_ld : nullptr, oa ? oa + r * a_ld : nullptr);
 }
 
 __global__ void rope_table_kernel(float *cs, float *sn, const int32_t *pos, const float *inv_freq, int64_t R, int half,
@@ -167,7 +192,8 @@ __global__ void __launch_bounds__(kAbsorbWarps * 32) q_absorb_kernel(const float
 }
 
 /* Block (r, 0): row r's latent cache row. Block (r, 1), with q_in: the q_a norm of the same
- * projection's row, so that both norms of [q_a | kv_a] are one launch. */
+ * projection's row, so that both norms of [q_a | kv_a] are one launch. 256 threads: the q_a norm
+ * has the bits of kdt_mk_rmsnorm's (the unfused path). */
 template <typename T>
 __global__ void kv_append_kernel(const float *ckv, int64_t ld, const float *w, float eps, const float *cs, const float *sn,
                                  const int64_t *slot_rows, int Dv, int rope, int interleave, T *pool, const float *q_in,
@@ -176,14 +202,12 @@ __global__ void kv_append_kernel(const float *ckv, int64_t ld, const float *w, f
     const int64_t r = blockIdx.x;
     if (blockIdx.y == 1) {
         const float *x = q_in + r * ld;
-        const float inv = rms_inv(x, ql, eps);
-        for (int j = threadIdx.x; j < ql; j += blockDim.x) qa[r * ql + j] = from_f32<T>(q_w[j] * (x[j] * inv));
+        norm_store(x, q_w, rms_inv(x, ql, eps), 0, ql, (float *)nullptr, qa + r * ql);
         return;
     }
     const float *x = ckv + r * ld;
     T *dst = pool + slot_rows[r] * (Dv + rope);
-    const float inv = rms_inv(x, Dv, eps);
-    for (int j = threadIdx.x; j < Dv; j += blockDim.x) dst[j] = from_f32<T>(w[j] * (x[j] * inv));
+    norm_store(x, w, rms_inv(x, Dv, eps), 0, Dv, (float *)nullptr, dst);
     const int half = rope / 2;
     for (int k = threadIdx.x; k < rope; k += blockDim.x)
         dst[Dv + k] = from_f32<T>(rope_at(x + Dv, k, half, cs[r * half + k % half], sn[r * half + k % half], interleave));
@@ -258,36 +282,71 @@ __global__ void gather_rows_kernel(const T *x, const int32_t *perm, int64_t n, i
     GRID_STRIDE(e, n * hid) xe[e] = x[(int64_t)(perm[e / hid] / K) * hid + e % hid];
 }
 
-__global__ void moe_combine_kernel(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos, int K,
-                                   int E, int hid, int shared) {
+/* V consecutive floats at p (16-byte aligned for V = 4). */
+template <int V> __device__ __forceinline__ void loadv(const float *p, float (&v)[V]) {
+    if (V == 4) {
+        const float4 t = *(const float4 *)p;
+        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) v[i] = p[i];
+    }
+}
+
+/* Block (r, s): elements [s * blockDim.x * V, ...) of row r, V a thread (V = 4 where hid % 4 == 0),
+ * so that a decode step's row is spread over hid / 1024 SMs. Warp 0 first puts the row's valid
+ * choices in increasing expert order (equal ids by k, as an insertion sort) in shared memory, each
+ * lane ranking its own; then every element adds them in that order, then the shared expert: one
+ * order, whatever the grid. */
+template <int V>
+__global__ void moe_combine_kernel(float *x, const float *ye, const int32_t *idx, const float *wt, const int32_t *pos, int64_t R,
+                                   int K, int E, int hid, int shared) {
     kdt_pdl_begin();
-    __shared__ int order[kMaxTopk];
+    __shared__ int sidx[kMaxTopk];
+    __shared__ float swt[kMaxTopk];
+    __shared__ const float *src[kMaxTopk];
     __shared__ int cnt;
     const int64_t r = blockIdx.x;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) {
+        const int lane = (int)threadIdx.x;
+        for (int k = lane; k < K; k += 32) sidx[k] = idx[r * K + k];
+        __syncwarp();
         int c = 0;
-        for (int k = 0; k < K; k++) { /* insertion by expert id */
-            const int e = idx[r * K + k];
-            if (e < 0 || e >= E) continue;
-            int at = c++;
-            while (at > 0 && idx[r * K + order[at - 1]] > e) {
-                order[at] = order[at - 1];
-                at--;
+        for (int k0 = 0; k0 < K; k0 += 32) {
+            const int k = k0 + lane, e = k < K ? sidx[k] : -1;
+            const bool ok = e >= 0 && e < E;
+            if (ok) {
+                int rank = 0;
+                for (int q = 0; q < K; q++) {
+                    const int f = sidx[q];
+                    rank += f >= 0 && f < E && (f < e || (f == e && q < k));
+                }
+                swt[rank] = wt[r * K + k];
+                src[rank] = ye + (int64_t)pos[r * K + k] * hid;
             }
-            order[at] = k;
+            c += __popc(__ballot_sync(0xffffffffu, ok));
         }
-        cnt = c;
+        if (lane == 0) cnt = c;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < hid; i += blockDim.x) {
-        float acc = x[r * hid + i];
-        for (int t = 0; t < cnt; t++) {
-            const int64_t a = r * K + order[t];
-            acc += wt[a] * ye[(int64_t)pos[a] * hid + i];
-        }
-        if (shared) acc += ye[((int64_t)gridDim.x * K + r) * hid + i];
-        x[r * hid + i] = acc;
+    const int i = ((int)blockIdx.y * (int)blockDim.x + (int)threadIdx.x) * V;
+    if (i >= hid) return;
+    float acc[V], y[V];
+    loadv<V>(x + r * hid + i, acc);
+#pragma unroll 4
+    for (int t = 0; t < cnt; t++) {
+        const float w = swt[t];
+        loadv<V>(src[t] + i, y);
+#pragma unroll
+        for (int v = 0; v < V; v++) acc[v] += w * y[v];
     }
+    if (shared) {
+        loadv<V>(ye + (R * K + r) * hid + i, y);
+#pragma unroll
+        for (int v = 0; v < V; v++) acc[v] += y[v];
+    }
+#pragma unroll
+    for (int v = 0; v < V; v++) x[r * hid + i + v] = acc[v];
 }
 
 /* splitmix64's output for state seed after c steps. */
@@ -343,11 +402,16 @@ extern "C" kdt_status kdt_mk_rmsnorm(const float *in, int64_t in_ld, const int32
                                      float eps, float *out_f32, int64_t f32_ld, void *out_act, int64_t act_ld, kdt_dtype dt,
                                      cudaStream_t s) {
     if (R == 0) return KDT_OK;
+    /* Slices of at least kNormSpan elements, as many as bring the grid to kNormBlocks. */
+    const int64_t want = R >= kNormBlocks ? 1 : (kNormBlocks + R - 1) / R, most = (n + kNormSpan - 1) / kNormSpan;
+    const int64_t g = want < most ? want : most;
+    const int span = (int)(((n + g - 1) / g + kThreads - 1) / kThreads * kThreads);
+    const dim3 grid((unsigned)R, (unsigned)((n + span - 1) / span));
     BY_DTYPE(dt,
-             KDT_CUDA_CHECK(kdt_pdl_launch(rmsnorm_kernel<float>, dim3((unsigned)R), dim3(kThreads), 0, s, in, in_ld, rows, n, w,
-                                           eps, out_f32, f32_ld, (float *)out_act, act_ld)),
-             KDT_CUDA_CHECK(kdt_pdl_launch(rmsnorm_kernel<bf16>, dim3((unsigned)R), dim3(kThreads), 0, s, in, in_ld, rows, n, w,
-                                           eps, out_f32, f32_ld, (bf16 *)out_act, act_ld)));
+             KDT_CUDA_CHECK(kdt_pdl_launch(rmsnorm_kernel<float>, grid, dim3(kThreads), 0, s, in, in_ld, rows, n, w, eps, out_f32,
+                                           f32_ld, (float *)out_act, act_ld, span)),
+             KDT_CUDA_CHECK(kdt_pdl_launch(rmsnorm_kernel<bf16>, grid, dim3(kThreads), 0, s, in, in_ld, rows, n, w, eps, out_f32,
+                                           f32_ld, (bf16 *)out_act, act_ld, span)));
     KDT_CUDA_CHECK_LAUNCH("rmsnorm");
     return KDT_OK;
 }
@@ -398,10 +462,10 @@ extern "C" kdt_status kdt_mk_kv_append_qa(const float *ckv, int64_t ld, const fl
     if (R == 0) return KDT_OK;
     const dim3 grid((unsigned)R, q_in ? 2u : 1u);
     BY_DTYPE(dt,
-             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<float>, grid, dim3(128), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope,
-                                           interleave, (float *)pool, q_in, q_w, ql, (float *)qa)),
-             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<bf16>, grid, dim3(128), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv, rope,
-                                           interleave, (bf16 *)pool, q_in, q_w, ql, (bf16 *)qa)));
+             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<float>, grid, dim3(kThreads), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv,
+                                           rope, interleave, (float *)pool, q_in, q_w, ql, (float *)qa)),
+             KDT_CUDA_CHECK(kdt_pdl_launch(kv_append_kernel<bf16>, grid, dim3(kThreads), 0, s, ckv, ld, w, eps, cs, sn, slot_rows, Dv,
+                                           rope, interleave, (bf16 *)pool, q_in, q_w, ql, (bf16 *)qa)));
     KDT_CUDA_CHECK_LAUNCH("kv_append");
     return KDT_OK;
 }
@@ -456,7 +520,10 @@ extern "C" kdt_status kdt_mk_moe_combine(float *x, const float *ye, const int32_
                                          int64_t R, int32_t K, int32_t E, int32_t hid, int shared, cudaStream_t s) {
     if (R == 0) return KDT_OK;
     if (K > kMaxTopk) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: %d experts per token, at most %d", K, kMaxTopk);
-    KDT_CUDA_CHECK(kdt_pdl_launch(moe_combine_kernel, dim3((unsigned)R), dim3(kThreads), 0, s, x, ye, idx, wt, pos, K, E, hid, shared));
+    const int V = hid % 4 == 0 ? 4 : 1;
+    const dim3 grid((unsigned)R, (unsigned)((hid + kThreads * V - 1) / (kThreads * V)));
+    KDT_CUDA_CHECK(kdt_pdl_launch(V == 4 ? moe_combine_kernel<4> : moe_combine_kernel<1>, grid, dim3(kThreads), 0, s, x, ye, idx, wt, pos,
+                                  R, K, E, hid, shared));
     KDT_CUDA_CHECK_LAUNCH("moe_combine");
     return KDT_OK;
 }

@@ -23,7 +23,8 @@ kdt_status kdt_mk_embed(float *x, const void *embed, kdt_dtype dt, const int32_t
 
 /* RMSNorm: out row i = w * (x * rsqrt(mean(x^2) + eps)), x = in row (rows ? rows[i] : i) [n]
  * (in row stride in_ld); written to out_f32 (stride f32_ld) and to out_act (dt, stride act_ld),
- * either of which may be NULL. R output rows. */
+ * either of which may be NULL; neither may overlap in (a small batch's row is cut over several blocks,
+ * each reading it whole). R output rows. */
 kdt_status kdt_mk_rmsnorm(const float *in, int64_t in_ld, const int32_t *rows, int64_t R, int32_t n, const float *w,
                           float eps, float *out_f32, int64_t f32_ld, void *out_act, int64_t act_ld, kdt_dtype dt,
                           cudaStream_t s);

@@ -1,8 +1,12 @@
-/* The router of a small batch in one block (route.cuh's route_plan_block): a decode step's or a
- * tree's MoE layer queues one launch before its experts instead of four (router GEMM, route,
- * count, fill). One block, because the grouping needs every row's choice; so it is kept to
- * batches of at most kMaxRows rows, and it computes the scores itself only when the router's
- * weights are small enough to be read by one SM at little cost (else they come from cuBLAS). */
+/* The router of a small batch (route.cuh's route_plan_block): a decode step's or a tree's MoE layer
+ * queues one launch before its experts instead of four (router GEMM, route, count, fill). The
+ * choice and grouping need every row's scores, so they run in one block, and batches are kept to
+ * kMaxRows rows. Where the router's weights are small enough for one SM, that block computes the
+ * scores too (and the layer's norm before them). Larger routers (Kimi K2's 384 x 7168 f32, 11 MB)
+ * are read by the whole GPU: teams of warps score their experts for every row, and the last block
+ * to finish (an integer ticket: which one does not change any result) runs the choice and
+ * grouping on the scores; the norm is done in the same launch for up to 4 rows (a decode step),
+ * by kdt_mk_rmsnorm's launch before it past that. */
 #include <cmath>
 
 #include "common/cuda/cuda_common.cuh"
@@ -11,6 +15,7 @@
 
 namespace {
 
+#include "model/cuda/norm.cuh"
 #include "model/cuda/route.cuh"
 
 /* Past 256 scores the block is as wide as its scratch allows: a warp per (row, expert) score and
@@ -20,78 +25,84 @@ constexpr int kThreads = 256, kMaxThreads = 1024;
 constexpr int kMaxRows = 64;
 constexpr int kMaxScoreWeightBytes = 64 << 10; /* router weights [E, hid] f32 read by the block */
 constexpr int kMaxSmem = 44 << 10;             /* dynamic; the norm's static part fits beside it in 48 KB */
-constexpr int kNormWarps = 8;                  /* kdt_mk_rmsnorm's 256 threads: its summation order */
 
-size_t smem_bytes(int threads, int32_t E, int32_t G, int32_t K) {
-    return (size_t)(threads / 32) * route_scratch_bytes(E, G, K) + (size_t)E * sizeof(int);
+size_t smem_bytes(int threads, int64_t R, int32_t E, int32_t G, int32_t K, int most = 0) {
+    return (size_t)route_plan_smem_bytes(route_warps(threads / 32, (int)R, most), E, G, K);
 }
 
-/* The layer's RMSNorm before the routing: rows x [R, hid] f32, weights w [hid]; out h [R, hid] f32
- * and hn [R, hid] (T). Each group of 256 threads sums rows as kernels.cu's rmsnorm_kernel (thread t
- * elements t, t + 256, ..., a butterfly per warp, one over the 8 warps' sums), so the bits are its. */
-template <typename T>
-__device__ void norm_rows(const float *x, const float *w, float eps, int R, int hid, float *h, T *hn) {
-    __shared__ float part[kMaxRows][kNormWarps], inv[kMaxRows];
-    const int groups = (int)blockDim.x / 256, t = (int)threadIdx.x % 256, lane = t % 32, wg = t / 32;
-    const int warp = (int)threadIdx.x / 32, warps = (int)blockDim.x / 32;
-    for (int r = (int)threadIdx.x / 256; r < R; r += groups) {
-        float ss = 0.f;
-        for (int j = t; j < hid; j += 256) ss = fmaf(x[(size_t)r * hid + j], x[(size_t)r * hid + j], ss);
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) part[r][wg] = ss;
-    }
-    __syncthreads();
-    for (int r = warp; r < R; r += warps) {
-        float v = lane < kNormWarps ? part[r][lane] : 0.f;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) inv[r] = 1.0f / sqrtf(v / (float)hid + eps);
-    }
-    __syncthreads();
-    for (int i = (int)threadIdx.x; i < R * hid; i += (int)blockDim.x) {
-        const float y = w[i % hid] * (x[i] * inv[i / hid]);
-        h[i] = y;
-        if (sizeof(T) == 2) hn[i] = __float2bfloat16_rn(y);
-        else ((float *)hn)[i] = y;
-    }
-    __syncthreads(); /* h is read by the other threads' scores next */
-}
-
-struct NormArgs {
-    const float *x, *w;
-    float eps;
-    float *h;                    /* = the routing's h */
-    void *hn;
-    int bf16;                    /* hn's type: bf16, else f32 */
-};
-
-__global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a, NormArgs n) {
+__global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a, RouteNorm n) {
     extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float part[kMaxRows][8], inv[kMaxRows];
     kdt_pdl_begin();
-    if (n.x && n.bf16) norm_rows(n.x, n.w, n.eps, a.R, a.hid, n.h, (__nv_bfloat16 *)n.hn);
-    else if (n.x) norm_rows(n.x, n.w, n.eps, a.R, a.hid, n.h, (float *)n.hn);
+    if (n.x) {
+        norm_inv_rows(n.x, n.eps, a.R, a.hid, part, inv);
+        norm_write(n, inv, a.R, a.hid, (int)threadIdx.x, (int)blockDim.x);
+        __syncthreads(); /* h is read by the other threads' scores next */
+    }
     route_plan_block(a, smem);
 }
+
+/* The wide router (route.cuh's route_wide_block): blocks of kWideThreads (the rows are read from L2
+ * once per block), a team of team_warps(E) warps per expert: 8 for Kimi K2's 384 experts, 16 for
+ * DeepSeek-V3's 256, up to 32 for a few experts, so that 2 to 4 thousand warps read the weights, a
+ * few loads each (the mid run's 4-warp teams in 256-thread blocks took 23 us for Kimi's 11 MB); at
+ * most kWideMaxRows rows (past that the rows' reads outweigh the weights': cuBLAS then); the
+ * layer's norm in the launch up to kFoldRows rows. The last block routes with 8 warps' scratch. */
+constexpr int kWideThreads = 1024, kWideWarps = kWideThreads / 32, kWideMaxRows = 16, kFoldRows = 4;
+constexpr int kWideRouteWarps = kThreads / 32;
+
+int team_warps(int32_t E) {
+    int t = 4;
+    while (t < kWideWarps && (int64_t)E * t * 2 <= 4096) t *= 2;
+    return t;
+}
+
+template <bool kNorm>
+__global__ void __launch_bounds__(kWideThreads) route_wide_kernel(RoutePlanArgs a, RouteNorm n, int team, int *ticket) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ RouteWideShared sh;
+    kdt_pdl_begin();
+    route_wide_block<kNorm>(a, n, team, ticket, smem, sh);
+}
+
+bool small_router(int32_t E, int32_t hid) { return (int64_t)E * hid * (int64_t)sizeof(float) <= kMaxScoreWeightBytes; }
 
 } // namespace
 
 extern "C" int kdt_mk_route_plan_fits(int64_t R, int32_t E, int32_t G, int32_t K, int32_t hid, int with_scores) {
-    if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0 || smem_bytes(kThreads, E, G, K) > (size_t)kMaxSmem) return 0;
-    return !with_scores || (int64_t)E * hid * (int64_t)sizeof(float) <= kMaxScoreWeightBytes;
+    if (R < 1 || R > kMaxRows || E < 1 || G < 1 || K < 1 || E % G != 0) return 0;
+    if (smem_bytes(kThreads, R, E, G, K) > (size_t)kMaxSmem) return 0;
+    return !with_scores || small_router(E, hid) || (hid % 4 == 0 && hid > 0 && R <= kWideMaxRows);
 }
 
 extern "C" kdt_status kdt_mk_route_plan(const float *h, const float *w, int32_t hid, float *logits, const float *bias, int64_t R,
                                         int32_t E, int32_t G, int32_t topk_group, int32_t K, int norm, float scale, int32_t *idx,
                                         float *wt, int32_t *counts, int32_t *offs, int32_t *perm, int32_t *pos,
-                                        const kdt_mk_norm *in_norm, void *hn, kdt_dtype dt, cudaStream_t s) {
+                                        const kdt_mk_norm *in_norm, void *hn, kdt_dtype dt, int32_t *ticket, cudaStream_t s) {
     if (!kdt_mk_route_plan_fits(R, E, G, K, hid, h != nullptr))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: one-block router of %lld rows, %d experts in %d groups, top %d, hidden %d",
                         (long long)R, E, G, K, hid);
     if (in_norm && (!h || in_norm->rows || (dt != KDT_BF16 && dt != KDT_F32)))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: the router's norm needs its output rows h, all rows, bf16 or f32");
-    RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos};
-    const NormArgs n = in_norm ? NormArgs{in_norm->x, in_norm->w, in_norm->eps, (float *)h, hn, dt == KDT_BF16} : NormArgs{};
-    const int threads = R * E > 256 && smem_bytes(kMaxThreads, E, G, K) <= (size_t)kMaxSmem ? kMaxThreads : kThreads;
-    KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(threads), smem_bytes(threads, E, G, K), s, a, n));
+    RoutePlanArgs a = {h, w, logits, bias, (int)R, E, G, topk_group, K, hid, norm, scale, idx, wt, counts, offs, perm, pos, 0};
+    if (h && !small_router(E, hid)) {
+        if (!ticket) return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: the wide router (%d experts of %d) needs its ticket", E, hid);
+        const bool fold = in_norm && R <= kFoldRows;
+        if (in_norm && !fold)
+            KDT_TRY(kdt_mk_rmsnorm(in_norm->x, hid, nullptr, R, hid, in_norm->w, in_norm->eps, (float *)h, hid, hn, hid, dt, s));
+        const RouteNorm na = fold ? RouteNorm{in_norm->x, in_norm->w, in_norm->eps, (float *)h, hn, dt == KDT_BF16} : RouteNorm{};
+        const int team = team_warps(E), per_block = kWideWarps / team;
+        a.most_route_warps = kWideRouteWarps;
+        KDT_CUDA_CHECK(kdt_pdl_launch(fold ? route_wide_kernel<true> : route_wide_kernel<false>,
+                                      dim3((unsigned)((E + per_block - 1) / per_block)), dim3(kWideThreads),
+                                      smem_bytes(kWideThreads, R, E, G, K, kWideRouteWarps), s, a, na, team, (int *)ticket));
+        KDT_CUDA_CHECK_LAUNCH("route_wide");
+        return KDT_OK;
+    }
+    const RouteNorm n = in_norm ? RouteNorm{in_norm->x, in_norm->w, in_norm->eps, (float *)h, hn, dt == KDT_BF16} : RouteNorm{};
+    int threads = kThreads;
+    while (R * E > kThreads && threads < kMaxThreads && smem_bytes(threads + 256, R, E, G, K) <= (size_t)kMaxSmem) threads += 256;
+    KDT_CUDA_CHECK(kdt_pdl_launch(route_plan_kernel, dim3(1), dim3(threads), smem_bytes(threads, R, E, G, K), s, a, n));
     KDT_CUDA_CHECK_LAUNCH("route_plan");
     return KDT_OK;
 }
