@@ -11,7 +11,8 @@
  *   make BUILD=build build/dev/moe_quant_bench   (sm_90a; links build/libkdt.a)
  *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]
  *
- * Variants: "split S/D, B bytes": S (D) warps of a block split gate/up's (down's)
+ * Variants: "vN loads, split S/D, B bytes": moe_quant.cu's load variant N (v0: __ldcs, as the final run of
+ * 2026-12-02 13:02; v1 kHint; v2 kDirect; v3 both), S (D) warps of a block split gate/up's (down's)
  * K, each lane keeps B bytes of weights in flight; "lib" is what kdt_moe_quant launches (one event
  * around both launches: its gate/up column is 0). */
 #include <math.h>
@@ -114,10 +115,10 @@ void run_base(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cu
     const int32_t *c = P.counts(plan), *o = c + L.E, *pm = o + L.E;
     const unsigned z = (unsigned)((R + kSliceRows - 1) / kSliceRows);
     const int gu_cols = kWarps * kW / 2, dn_cols = kWarps * kW;
-    moe_small_kernel<bf16, true, kRows><<<dim3(kInter / gu_cols, L.E, z), kThreads, 0, s>>>(b.x, pm, kTopk, c, o, wq<kInt4>(&L.gu), kHid,
+    moe_small_kernel<bf16, true, kRows><<<dim3(kInter / gu_cols, L.E, z), kThreads, 0, s>>>(b.x, pm, kTopk, c, o, wquant<kInt4>(&L.gu), kHid,
                                                                                         kInter, b.act, 0, false);
     CK(cudaEventRecord(mid, s));
-    moe_small_kernel<bf16, false, kRows><<<dim3(kHid / dn_cols, L.E, z), kThreads, 0, s>>>(b.act, pm, kTopk, c, o, wq<kInt4>(&L.dn), kInter,
+    moe_small_kernel<bf16, false, kRows><<<dim3(kHid / dn_cols, L.E, z), kThreads, 0, s>>>(b.act, pm, kTopk, c, o, wquant<kInt4>(&L.dn), kInter,
                                                                                        kHid, b.ye, 0, false);
 }
 template <bool kInt4>
@@ -128,16 +129,16 @@ void run_base_rows(const Layer &L, const Plans &P, int plan, int R, const Bufs &
 }
 
 /* A grouped variant: launch()'s two kernels with the event between them. */
-template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes>
+template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes, int kV>
 void run_grouped(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
     const int32_t *c = P.counts(plan), *o = c + L.E, *pm = o + L.E;
     const unsigned slots = (unsigned)std::min(R * kTopk, L.E);
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
-    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes><<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(
-        b.x, pm, kTopk, c, o, L.E, wq<kInt4>(&L.gu), kHid, kInter, b.act);
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, kV><<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(
+        b.x, pm, kTopk, c, o, L.E, wquant<kInt4>(&L.gu), kHid, kInter, b.act);
     CK(cudaEventRecord(mid, s));
-    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes><<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, 0, s>>>(
-        b.act, nullptr, kTopk, c, o, L.E, wq<kInt4>(&L.dn), kInter, kHid, b.ye);
+    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, 0, s>>>(
+        b.act, nullptr, kTopk, c, o, L.E, wquant<kInt4>(&L.dn), kInter, kHid, b.ye);
 }
 void run_lib(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
     const int32_t *c = P.counts(plan);
@@ -204,12 +205,18 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("split 2/1, 128 B (lib)", run_grouped<kInt4, 2, 1, 128>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128>, L, P, R, b, ye_base, copy_bw, s);
+        /* v0: the loads of the final run (__ldcs); v1: kHint; v2: kDirect (INT4); v3: both (the library's) */
+        time_variant("v0 ldcs, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 0>, L, P, R, b, ye_base, copy_bw, s);
+        time_variant("v1 hint, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
+        time_variant("v1 hint, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
+        time_variant("v1 hint, split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
+        time_variant("v1 hint, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint>, L, P, R, b, ye_base, copy_bw, s);
         if (kInt4) {
-            time_variant("split 4/2, 128 B", run_grouped<kInt4, 4, 2, 128>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v2 direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v3 hint+direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v3 hint+direct, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v3 hint+direct, split 4/2, 128 B", run_grouped<kInt4, 4, 2, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v3 hint+direct, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
         }
         free(ye_base);
         CK(cudaFree(P.d));

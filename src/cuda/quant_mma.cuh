@@ -48,11 +48,14 @@ __device__ __forceinline__ void fp8_step(float (&acc)[kMT][4], const uint32_t (&
 
 /* One 128-k INT4 step: v0, v1 the lane's 16 bytes (group t) of rows g and g + 8; groups from ng_left
  * on are past K. xat(i, G): the 8 x values at k kb + 32G + 8t ..; scl(G, h): group G's scale of row
- * g (h = 0) or g + 8. The quad transposes its loads so that one mma's k lie in one group. */
-template <int kMT, class X, class Sc>
+ * g (h = 0) or g + 8. The quad transposes its loads so that one mma's k lie in one group; kLoaded:
+ * the lane loaded the transposed words itself (word G: bytes 4t .. 4t + 3 of group G). */
+template <int kMT, bool kLoaded = false, class X, class Sc>
 __device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
-    quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
-    quad_transpose(v1, t);
+    if constexpr (!kLoaded) {
+        quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
+        quad_transpose(v1, t);
+    }
     const uint32_t q0[4] = {v0.x, v0.y, v0.z, v0.w}, q1[4] = {v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
     for (int G = 0; G < 4; G++) {

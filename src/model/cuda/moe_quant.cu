@@ -54,6 +54,50 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int 
     return found;
 }
 
+/* Load variants (kV bits; the dev bench times each): kHint: the weights L1-bypassed with the L2 asked for
+ * the 256-byte span around each piece (a row's next steps come from one DRAM burst), the scales likewise
+ * at normal L2 priority; else __ldcs (evict first). kDirect (INT4): each lane loads 4 bytes of each of
+ * the step's 4 groups, the words int4_step needs, in place of 16 bytes and the quad's transpose. */
+constexpr int kHint = 1, kDirect = 2;
+
+template <int kBytes> struct LdT;
+template <> struct LdT<16> { typedef uint4 T; };
+template <> struct LdT<4> { typedef uint32_t T; };
+template <> struct LdT<2> { typedef unsigned short T; };
+
+/* kBytes at p, or 0 where !in; kHint: ld.global.nc with the 256-byte L2 prefetch (kL1: through L1, for
+ * the scales, which a row's next steps read again), else __ldcs. */
+template <int kV, int kBytes, bool kL1 = false>
+__device__ __forceinline__ typename LdT<kBytes>::T ldq(const uint8_t *p, bool in) {
+    typedef typename LdT<kBytes>::T T;
+    if constexpr (!(kV & kHint)) {
+        T z{};
+        return in ? __ldcs((const T *)p) : z;
+    } else if constexpr (kBytes == 16) {
+        uint4 v;
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+                     "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p), "r"((int)in));
+        return v;
+    } else if constexpr (kBytes == 4) {
+        uint32_t v;
+        if constexpr (kL1)
+            asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\tmov.b32 %0, 0;\n\t@p ld.global.nc.L2::256B.u32 %0, [%1];\n\t}"
+                         : "=r"(v) : "l"(p), "r"((int)in));
+        else
+            asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\tmov.b32 %0, 0;\n\t"
+                         "@p ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n\t}"
+                         : "=r"(v) : "l"(p), "r"((int)in));
+        return v;
+    } else {
+        unsigned short v;
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\tmov.b16 %0, 0;\n\t@p ld.global.nc.L2::256B.u16 %0, [%1];\n\t}"
+                     : "=h"(v) : "l"(p), "r"((int)in));
+        return v;
+    }
+}
+
 /* What a lane holds of one step, per A tile a: rows g and g + 8 (h), INT4 bytes 16t .. 16t + 15 of the
  * row's 64-byte step (group t), FP8 bytes 16t .. and 64 + 16t .. of its 128-byte step; s: INT4 group
  * t's bf16 scales of rows g (low half) and g + 8 (high), FP8 the tile's block scale (f32 bits). */
@@ -69,7 +113,7 @@ template <bool kInt4, int kA> struct QStage {
  * [*, n_in] (row = place), out = ye [*, n_out] f32. kLaneBytes: weight bytes a lane keeps in flight.
  * n_out % 16 == 0: a live warp's 16 columns are all in range (a dead one, col0 >= n_out, reads the
  * last 16 and writes nothing), so rows g + 8 are rows g's plus 8 rows. */
-template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes>
+template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes, int kV>
 __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, const WQuant<kInt4> &w,
                                             int e, int off, int r_beg, int cnt, int n_in, int n_out, int col0, int ks, float *red,
                                             void *out) {
@@ -98,20 +142,27 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
             uint32_t sc = 0;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                if constexpr (kInt4) {
+                if constexpr (kInt4 && (kV & kDirect)) { /* word G: bytes 4t .. of group G (a group is 16 bytes) */
+                    const int o = s * (kQStep / 2);
+                    const uint8_t *p = wr[a] + h * w8 + o + 4 * t;
+                    st.w[a][h][0] = make_uint4(ldq<kV, 4>(p, o < lim / 2), ldq<kV, 4>(p + 16, o + 16 < lim / 2),
+                                               ldq<kV, 4>(p + 32, o + 32 < lim / 2), ldq<kV, 4>(p + 48, o + 48 < lim / 2));
+                } else if constexpr (kInt4) {
                     const int o = s * (kQStep / 2) + 16 * t;
-                    st.w[a][h][0] = o < lim / 2 ? __ldcs((const uint4 *)(wr[a] + h * w8 + o)) : make_uint4(0, 0, 0, 0);
-                    const int gi = s * 4 + t;
-                    sc |= (gi < lim / 32 ? (uint32_t)__ldcs((const unsigned short *)(sr[a] + h * s8) + gi) : 0u) << (16 * h);
+                    st.w[a][h][0] = ldq<kV, 16>(wr[a] + h * w8 + o, o < lim / 2);
                 } else {
 #pragma unroll
                     for (int l = 0; l < 2; l++) {
                         const int o = s * kQStep + 64 * l + 16 * t;
-                        st.w[a][h][l] = o < lim ? __ldcs((const uint4 *)(wr[a] + h * w8 + o)) : make_uint4(0, 0, 0, 0);
+                        st.w[a][h][l] = ldq<kV, 16>(wr[a] + h * w8 + o, o < lim);
                     }
                 }
+                if constexpr (kInt4) {
+                    const int gi = s * 4 + t;
+                    sc |= (uint32_t)ldq<kV, 2, true>(sr[a] + h * s8 + 2 * gi, gi < lim / 32) << (16 * h);
+                }
             }
-            if constexpr (!kInt4) sc = lim ? __float_as_uint(__ldcs((const float *)sr[a] + s)) : 0u;
+            if constexpr (!kInt4) sc = ldq<kV, 4, true>(sr[a] + 4 * s, lim != 0);
             st.s[a] = sc;
         }
     };
@@ -134,7 +185,7 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
                 uint32_t sw[4]; /* group G's scales, from lane G of the quad */
 #pragma unroll
                 for (int G = 0; G < 4; G++) sw[G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
-                int4_step<kMT>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, xat,
+                int4_step<kMT, (kV & kDirect) != 0>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, xat,
                                [&](int G, int h) { return bf16_bits((uint16_t)(h ? sw[G] >> 16 : sw[G])); });
             } else {
                 const uint4(&p)[2] = st.w[a][0], (&q)[2] = st.w[a][1];
@@ -189,7 +240,7 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
  * again for each 8 past the first: rare at decode sizes, where an expert mostly has 1 or 2).
  * kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in]. 4 blocks an SM (at most 128 registers a
  * thread): 16 warps. */
-template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes>
+template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes, int kV>
 __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
                                                                 const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
                                                                 int E, const WQuant<kInt4> w, int n_in, int n_out, void *out) {
@@ -201,20 +252,20 @@ __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *
     const int e = nth_active(counts, E, blockIdx.y, &cnt);
     if (e < 0) return;
     const int off = offs[e];
-    for (int r = 0; r < cnt; r += 8) expert_cols<kInt4, kGateUp, kSplit, kLaneBytes>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
+    for (int r = 0; r < cnt; r += 8) expert_cols<kInt4, kGateUp, kSplit, kLaneBytes, kV>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
 }
 
 /* Both launches; kSplitGU / kSplitDown: warps that split the K of gate/up (K = hidden) and down (K = I). */
-template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128>
+template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128, int kV = kHint | kDirect>
 kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
                   const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int32_t E = gu->n;
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
     const unsigned slots = (unsigned)(R * K < E ? R * K : E);
-    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, kV><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
         x, perm, K, counts, offs, E, wquant<kInt4>(gu), hid, I, act);
     KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
-    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
         (const bf16 *)act, nullptr, K, counts, offs, E, wquant<kInt4>(dn), I, hid, ye);
     KDT_CUDA_CHECK_LAUNCH("moe_quant down");
     return KDT_OK;
