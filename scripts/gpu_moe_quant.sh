@@ -41,7 +41,7 @@ note "baseline: $base_from"
 T="$BUILD/tests" B="$BUILD/bench/bench_model_quant" BB="$BASE/$BUILD/bench/bench_model_quant"
 (cd "$BASE" && timeout 90 make -j16 "${MAKEVARS[@]}" "$BUILD/bench/bench_model_quant" >"$LOGS/build_base.log" 2>&1) &
 base_pid=$!
-step build 90 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$B" "$BUILD/dev/moe_quant_bench" ||
+step build 100 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$B" "$BUILD/dev/moe_quant_bench" ||
     grep -E 'error' "$LOGS/build.log" | head -20
 wait "$base_pid"
 note "build_base: exit $? ($LOGS/build_base.log)"
@@ -115,17 +115,22 @@ ncu_step ncu_new "$B"
 
 # ncu on the grouped kernels alone (the dev bench's first K2.6 INT4 call at R = 1: gate/up, down):
 # occupancy, issue and warp-state statistics.
-if command -v ncu >/dev/null && [ -x "$BUILD/dev/moe_quant_bench" ]; then
-    step ncu_moe 30 ncu --clock-control none --cache-control none -k regex:moe_quant_kernel -c 2 --section Occupancy \
-        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum \
+# ncu_moe: the library's (its first call, after main's kernel); ncu_moe_v0: variant v0 (__ldcs loads),
+# past the library's 4 calls (--reps 1: one check, two warm-ups, one timed) of 2 launches.
+ncu_moe() { # ncu_moe NAME SKIP
+    command -v ncu >/dev/null && [ -x "$BUILD/dev/moe_quant_bench" ] || return
+    step "$1" 30 ncu --clock-control none --cache-control none -k regex:moe_quant_kernel --launch-skip "$2" -c 2 --section Occupancy \
+        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,smsp__inst_executed.sum \
         "$BUILD/dev/moe_quant_bench" --only int4 --reps 1
-    grep -E 'moe_quant_kernel|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Memory Throughput|Registers Per|dram__bytes_read' \
-        "$LOGS/ncu_moe.log" | sed -E 's/ +/ /g' | cut -c1-150 >"$OUT/ncu_moe.txt"
-    while read -r l; do note "ncu_moe: $l"; done <"$OUT/ncu_moe.txt"
-fi
+    grep -E 'moe_quant_kernel|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Memory Throughput|Registers Per|dram__bytes_read|inst_executed' \
+        "$LOGS/$1.log" | sed -E 's/ +/ /g' | cut -c1-150 >"$OUT/$1.txt"
+    while read -r l; do note "$1: $l"; done <"$OUT/$1.txt"
+}
+ncu_moe ncu_moe 0
 tests test_quant_cuda 40
 ncu_step ncu_base "$BB"
 
+ncu_moe ncu_moe_v0 8
 bench bmq_fp8_new "$B" --only fp8 --gb "$GB_FP8" --decode 8
 bench bmq_fp8_base "$BB" --only fp8 --gb "$GB_FP8" --decode 8
 

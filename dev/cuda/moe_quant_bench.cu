@@ -11,8 +11,8 @@
  *   make BUILD=build build/dev/moe_quant_bench   (sm_90a; links build/libkdt.a)
  *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]
  *
- * Variants: "vN loads, split S/D, B bytes": moe_quant.cu's load variant N (v0: __ldcs, as the final run of
- * 2026-12-02 13:02; v1 kHint; v2 kDirect; v3 both), S (D) warps of a block split gate/up's (down's)
+ * Variants: "vN, split S/D, B bytes": moe_quant.cu's variant bits N (kHint 1, kDirect 2, kBiased 4; v0 loads
+ * with __ldcs as the final run of 2026-12-02 13:02 did), S (D) warps of a block split gate/up's (down's)
  * K, each lane keeps B bytes of weights in flight; "lib" is what kdt_moe_quant launches (one event
  * around both launches: its gate/up column is 0). */
 #include <math.h>
@@ -205,18 +205,18 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib, L, P, R, b, ye_base, copy_bw, s);
-        /* v0: the loads of the final run (__ldcs); v1: kHint; v2: kDirect (INT4); v3: both (the library's) */
+        /* moe_quant.cu's variant bits (kHint 1, kDirect 2, kBiased 4); the library: 7 (INT4), 1 (FP8) */
         time_variant("v0 ldcs, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 0>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("v1 hint, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("v1 hint, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("v1 hint, split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("v1 hint, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint>, L, P, R, b, ye_base, copy_bw, s);
         if (kInt4) {
-            time_variant("v2 direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kDirect>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v3 hint+direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v3 hint+direct, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v3 hint+direct, split 4/2, 128 B", run_grouped<kInt4, 4, 2, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v3 hint+direct, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7 hint+direct+biased, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7, split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, 7>, L, P, R, b, ye_base, copy_bw, s);
+        } else {
+            time_variant("v1, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v1, split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
         }
         free(ye_base);
         CK(cudaFree(P.d));

@@ -49,8 +49,10 @@ __device__ __forceinline__ void fp8_step(float (&acc)[kMT][4], const uint32_t (&
 /* One 128-k INT4 step: v0, v1 the lane's 16 bytes (group t) of rows g and g + 8; groups from ng_left
  * on are past K. xat(i, G): the 8 x values at k kb + 32G + 8t ..; scl(G, h): group G's scale of row
  * g (h = 0) or g + 8. The quad transposes its loads so that one mma's k lie in one group; kLoaded:
- * the lane loaded the transposed words itself (word G: bytes 4t .. 4t + 3 of group G). */
-template <int kMT, bool kLoaded = false, class X, class Sc>
+ * the lane loaded the transposed words itself (word G: bytes 4t .. 4t + 3 of group G). kBiased: the
+ * codes enter the mma as 128 + n (the lop3 alone, exact) and each group's partial starts from an mma
+ * of -136 against the same x (-136 sum x), in place of a bf16x2 subtraction per pair. */
+template <int kMT, bool kLoaded = false, bool kBiased = false, class X, class Sc>
 __device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
     if constexpr (!kLoaded) {
         quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
@@ -66,14 +68,19 @@ __device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 
 #pragma unroll
         for (int i = 0; i < kMT; i++) xv[i] = xat(i, G);
         /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
+        auto cv = [](uint32_t w, int i) { return kBiased ? ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u : nib2_bf16x2(w, i); };
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const uint32_t a0 = nib2_bf16x2(q0[G], 2 * h), a1 = nib2_bf16x2(q1[G], 2 * h);
-            const uint32_t a2 = nib2_bf16x2(q0[G], 2 * h + 1), a3 = nib2_bf16x2(q1[G], 2 * h + 1);
+            const uint32_t a0 = cv(q0[G], 2 * h), a1 = cv(q1[G], 2 * h), a2 = cv(q0[G], 2 * h + 1), a3 = cv(q1[G], 2 * h + 1);
 #pragma unroll
             for (int i = 0; i < kMT; i++) {
                 const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
-                mma(part[i], a0, a1, a2, a3, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+                const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
+                if constexpr (kBiased) {
+                    constexpr uint32_t kM136 = 0xC308C308u; /* bf16x2 (-136, -136) */
+                    mma(part[i], kM136, kM136, kM136, kM136, b0, b1);
+                }
+                mma(part[i], a0, a1, a2, a3, b0, b1);
             }
         }
 #pragma unroll

@@ -54,49 +54,42 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int 
     return found;
 }
 
-/* Load variants (kV bits; the dev bench times each): kHint: the weights L1-bypassed with the L2 asked for
- * the 256-byte span around each piece (a row's next steps come from one DRAM burst), the scales likewise
- * at normal L2 priority; else __ldcs (evict first). kDirect (INT4): each lane loads 4 bytes of each of
- * the step's 4 groups, the words int4_step needs, in place of 16 bytes and the quad's transpose. */
-constexpr int kHint = 1, kDirect = 2;
+/* Variants (kV bits; the dev bench times each): kHint: the weights L1-bypassed with the L2 asked for the
+ * 256-byte span around each piece (a row's next steps come from one DRAM burst), the scales likewise at
+ * normal L2 priority; else __ldcs (evict first). kDirect (INT4): each lane loads 4 bytes of each of the
+ * step's 4 groups, the words int4_step needs, in place of 16 bytes and the quad's transpose. kBiased
+ * (INT4): int4_step's codes as 128 + n, the 136 taken off by an mma (one instruction a pair fewer). */
+constexpr int kHint = 1, kDirect = 2, kBiased = 4;
 
-template <int kBytes> struct LdT;
-template <> struct LdT<16> { typedef uint4 T; };
-template <> struct LdT<4> { typedef uint32_t T; };
-template <> struct LdT<2> { typedef unsigned short T; };
-
-/* kBytes at p, or 0 where !in; kHint: ld.global.nc with the 256-byte L2 prefetch (kL1: through L1, for
- * the scales, which a row's next steps read again), else __ldcs. */
-template <int kV, int kBytes, bool kL1 = false>
-__device__ __forceinline__ typename LdT<kBytes>::T ldq(const uint8_t *p, bool in) {
-    typedef typename LdT<kBytes>::T T;
+/* T at p + kOff, for a step wholly inside K (no bounds check): kHint: ld.global.nc with the 256-byte L2
+ * prefetch, L1 bypassed (kL1: through L1, for the scales, which a row's next steps read again); else
+ * __ldcs. The immediate offset keeps one address register for a row's pieces. */
+template <int kV, class T, bool kL1 = false, int kOff = 0>
+__device__ __forceinline__ T ldw(const uint8_t *p) {
     if constexpr (!(kV & kHint)) {
-        T z{};
-        return in ? __ldcs((const T *)p) : z;
-    } else if constexpr (kBytes == 16) {
+        return __ldcs((const T *)(p + kOff));
+    } else if constexpr (sizeof(T) == 16) {
         uint4 v;
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-                     "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p), "r"((int)in));
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4+%5];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "n"(kOff));
         return v;
-    } else if constexpr (kBytes == 4) {
+    } else if constexpr (sizeof(T) == 4 && kL1) {
         uint32_t v;
-        if constexpr (kL1)
-            asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\tmov.b32 %0, 0;\n\t@p ld.global.nc.L2::256B.u32 %0, [%1];\n\t}"
-                         : "=r"(v) : "l"(p), "r"((int)in));
-        else
-            asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\tmov.b32 %0, 0;\n\t"
-                         "@p ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n\t}"
-                         : "=r"(v) : "l"(p), "r"((int)in));
+        asm volatile("ld.global.nc.L2::256B.u32 %0, [%1+%2];" : "=r"(v) : "l"(p), "n"(kOff));
+        return v;
+    } else if constexpr (sizeof(T) == 4) {
+        uint32_t v;
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1+%2];" : "=r"(v) : "l"(p), "n"(kOff));
         return v;
     } else {
+        static_assert(sizeof(T) == 2 && kL1, "ldw: 16 / 4-byte weights, 4 / 2-byte scales");
         unsigned short v;
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\tmov.b16 %0, 0;\n\t@p ld.global.nc.L2::256B.u16 %0, [%1];\n\t}"
-                     : "=h"(v) : "l"(p), "r"((int)in));
+        asm volatile("ld.global.nc.L2::256B.u16 %0, [%1+%2];" : "=h"(v) : "l"(p), "n"(kOff));
         return v;
     }
 }
+/* The same where a step reaches past K (the last of an odd K): zeros where !in. */
+template <class T> __device__ __forceinline__ T ldw_tail(const uint8_t *p, bool in) { return in ? __ldcs((const T *)p) : T{}; }
 
 /* What a lane holds of one step, per A tile a: rows g and g + 8 (h), INT4 bytes 16t .. 16t + 15 of the
  * row's 64-byte step (group t), FP8 bytes 16t .. and 64 + 16t .. of its 128-byte step; s: INT4 group
@@ -119,7 +112,7 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
                                             void *out) {
     constexpr int kA = kGateUp ? 2 : 1, kMT = 1;
     constexpr int kStepBytes = kA * 2 * (kInt4 ? 16 : 32); /* a lane's weight bytes of one step */
-    constexpr int kU = kLaneBytes / kStepBytes > 1 ? kLaneBytes / kStepBytes : 1; /* steps in flight */
+    constexpr int kU = 1 + (kLaneBytes / kStepBytes > 1 ? kLaneBytes / kStepBytes : 1); /* ring: in flight + the computed one */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int nsteps = (n_in + kQStep - 1) / kQStep, ng = n_in / 32;
     const int s_beg = ks * nsteps / kSplit, s_end = (ks + 1) * nsteps / kSplit;
@@ -134,35 +127,55 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     const int xrow = r_beg + g;
     const bf16 *xr = xrow < cnt ? in + (size_t)(kGateUp && perm ? perm[off + xrow] / topk : off + xrow) * n_in : nullptr;
 
-    /* Past K or the part the pieces are zero (x there too): K % 16 == 0, so a 16-byte piece is all in or all out. */
+    /* The lane's pieces of step s: rows (a, h) at pw[a][h] + s * kRowStep (+ 16 G: INT4 kDirect's group G;
+     * + 64: FP8's second piece), INT4 scales at ps[a][h] + 8 s (group 4 s + t), FP8's at ps[a][0] + 4 s.
+     * Steps past the part are not loaded (never computed); past K (a step of an odd K) they are zeros. */
+    constexpr int kRowStep = kInt4 ? kQStep / 2 : kQStep;
+    constexpr bool kDir = kInt4 && (kV & kDirect);
+    const int s_full = n_in / kQStep; /* steps wholly inside K */
+    const uint8_t *pw[kA][2], *ps[kA][2];
+#pragma unroll
+    for (int a = 0; a < kA; a++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) pw[a][h] = wr[a] + h * w8 + (kDir ? 4 : 16) * t, ps[a][h] = kInt4 ? sr[a] + h * s8 + 2 * t : sr[a];
     auto load = [&](QStage<kInt4, kA> &st, int s) {
-        const int lim = s < s_end ? n_in : 0;
+        if (s >= s_end) return;
+        const int o = s * kRowStep;
+        if (s < s_full) {
+#pragma unroll
+            for (int a = 0; a < kA; a++) {
+                uint32_t sc = 0;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *p = pw[a][h] + o;
+                    if constexpr (kDir)
+                        st.w[a][h][0] = make_uint4(ldw<kV, uint32_t>(p), ldw<kV, uint32_t, false, 16>(p), ldw<kV, uint32_t, false, 32>(p),
+                                                   ldw<kV, uint32_t, false, 48>(p));
+                    else if constexpr (kInt4) st.w[a][h][0] = ldw<kV, uint4>(p);
+                    else st.w[a][h][0] = ldw<kV, uint4>(p), st.w[a][h][1] = ldw<kV, uint4, false, 64>(p);
+                    if constexpr (kInt4) sc |= (uint32_t)ldw<kV, unsigned short, true>(ps[a][h] + 8 * s) << (16 * h);
+                }
+                if constexpr (!kInt4) sc = ldw<kV, uint32_t, true>(ps[a][0] + 4 * s);
+                st.s[a] = sc;
+            }
+            return;
+        }
+        const int lim = kInt4 ? n_in / 2 : n_in; /* bytes of a row */
 #pragma unroll
         for (int a = 0; a < kA; a++) {
             uint32_t sc = 0;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                if constexpr (kInt4 && (kV & kDirect)) { /* word G: bytes 4t .. of group G (a group is 16 bytes) */
-                    const int o = s * (kQStep / 2);
-                    const uint8_t *p = wr[a] + h * w8 + o + 4 * t;
-                    st.w[a][h][0] = make_uint4(ldq<kV, 4>(p, o < lim / 2), ldq<kV, 4>(p + 16, o + 16 < lim / 2),
-                                               ldq<kV, 4>(p + 32, o + 32 < lim / 2), ldq<kV, 4>(p + 48, o + 48 < lim / 2));
-                } else if constexpr (kInt4) {
-                    const int o = s * (kQStep / 2) + 16 * t;
-                    st.w[a][h][0] = ldq<kV, 16>(wr[a] + h * w8 + o, o < lim / 2);
-                } else {
+                const uint8_t *p = pw[a][h] + o;
+                if constexpr (kDir)
+                    st.w[a][h][0] = make_uint4(ldw_tail<uint32_t>(p, o < lim), ldw_tail<uint32_t>(p + 16, o + 16 < lim),
+                                               ldw_tail<uint32_t>(p + 32, o + 32 < lim), ldw_tail<uint32_t>(p + 48, o + 48 < lim));
+                else
 #pragma unroll
-                    for (int l = 0; l < 2; l++) {
-                        const int o = s * kQStep + 64 * l + 16 * t;
-                        st.w[a][h][l] = ldq<kV, 16>(wr[a] + h * w8 + o, o < lim);
-                    }
-                }
-                if constexpr (kInt4) {
-                    const int gi = s * 4 + t;
-                    sc |= (uint32_t)ldq<kV, 2, true>(sr[a] + h * s8 + 2 * gi, gi < lim / 32) << (16 * h);
-                }
+                    for (int l = 0; l < (kInt4 ? 1 : 2); l++) st.w[a][h][l] = ldw_tail<uint4>(p + 64 * l, o + 64 * l + 16 * t < lim);
+                if constexpr (kInt4) sc |= (uint32_t)ldw_tail<unsigned short>(ps[a][h] + 8 * s, 4 * s + t < n_in / 32) << (16 * h);
             }
-            if constexpr (!kInt4) sc = ldq<kV, 4, true>(sr[a] + 4 * s, lim != 0);
+            if constexpr (!kInt4) sc = ldw_tail<uint32_t>(ps[a][0] + 4 * s, true);
             st.s[a] = sc;
         }
     };
@@ -185,7 +198,7 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
                 uint32_t sw[4]; /* group G's scales, from lane G of the quad */
 #pragma unroll
                 for (int G = 0; G < 4; G++) sw[G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
-                int4_step<kMT, (kV & kDirect) != 0>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, xat,
+                int4_step<kMT, kDir, (kV & kBiased) != 0>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, xat,
                                [&](int G, int h) { return bf16_bits((uint16_t)(h ? sw[G] >> 16 : sw[G])); });
             } else {
                 const uint4(&p)[2] = st.w[a][0], (&q)[2] = st.w[a][1];
@@ -196,6 +209,7 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         }
     };
 
+    /* A slot is refilled as soon as its step is computed (no copy of it: the registers are the ring's). */
     QStage<kInt4, kA> ring[kU];
 #pragma unroll
     for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
@@ -203,9 +217,8 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
 #pragma unroll
         for (int u = 0; u < kU; u++) {
             if (s0 + u >= s_end) break;
-            const QStage<kInt4, kA> cur = ring[u];
+            compute(ring[u], s0 + u);
             load(ring[u], s0 + u + kU);
-            compute(cur, s0 + u);
         }
     }
 
@@ -256,7 +269,7 @@ __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *
 }
 
 /* Both launches; kSplitGU / kSplitDown: warps that split the K of gate/up (K = hidden) and down (K = I). */
-template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128, int kV = kHint | kDirect>
+template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes, int kV>
 kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
                   const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int32_t E = gu->n;
@@ -287,6 +300,6 @@ extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *per
                         "hidden, intermediate sizes that are multiples of 16 (FP8) or 32 (INT4): hidden %d, intermediate %d", hid, I);
     if (R < 1 || K < 1) return KDT_OK;
     if (gate_up->fmt == KDT_WFMT_INT4)
-        return launch<true>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
-    return launch<false>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+        return launch<true, 2, 1, 128, kHint | kDirect | kBiased>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+    return launch<false, 2, 1, 128, kHint>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
 }
