@@ -205,18 +205,21 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib, L, P, R, b, ye_base, copy_bw, s);
-        /* moe_quant.cu's variant bits (kHint 1, kDirect 2, kBiased 4); the library: 7 (INT4), 1 (FP8) */
+        /* moe_quant.cu's variant bits (kHint 1, kDirect 2, kBiased 4); the library: INT4 7 at 64 B, FP8 1 at 128 B */
         time_variant("v0 ldcs, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 0>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("v1 hint, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
         if (kInt4) {
             time_variant("v3 hint+direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v3, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v7 hint+direct+biased, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 7>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, 7>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7, split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7, split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7, split 2/2, 64 B", run_grouped<kInt4, 2, 2, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7, split 4/2, 64 B", run_grouped<kInt4, 4, 2, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
         } else {
             time_variant("v1, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v1, split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v1, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint>, L, P, R, b, ye_base, copy_bw, s);
         }
         free(ye_base);
         CK(cudaFree(P.d));

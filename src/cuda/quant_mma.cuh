@@ -46,51 +46,100 @@ __device__ __forceinline__ void fp8_step(float (&acc)[kMT][4], const uint32_t (&
         for (int c = 0; c < 4; c++) acc[i][c] = fmaf(sc, part[i][c], acc[i][c]);
 }
 
-/* One 128-k INT4 step: v0, v1 the lane's 16 bytes (group t) of rows g and g + 8; groups from ng_left
- * on are past K. xat(i, G): the 8 x values at k kb + 32G + 8t ..; scl(G, h): group G's scale of row
- * g (h = 0) or g + 8. The quad transposes its loads so that one mma's k lie in one group; kLoaded:
- * the lane loaded the transposed words itself (word G: bytes 4t .. 4t + 3 of group G). kBiased: the
- * codes enter the mma as 128 + n (the lop3 alone, exact) and each group's partial starts from an mma
- * of -136 against the same x (-136 sum x), in place of a bf16x2 subtraction per pair. */
-template <int kMT, bool kLoaded = false, bool kBiased = false, class X, class Sc>
-__device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
+/* (w >> 4i) & 0x000F000F | 0x43004300: nibbles i and i + 4 of w as the bf16x2 (128 + n, 128 + n'), exact;
+ * one lop3 (ptxas splits the C form into two, each taking one immediate). */
+__device__ __forceinline__ uint32_t nib2_bf16x2_biased(uint32_t w, int i) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u));
+    return r;
+}
+
+/* mma_frag.cuh's nib2_bf16x2 (n - 8) on the one-lop3 form: a shift, a lop3 and a bf16x2 subtraction. */
+__device__ __forceinline__ uint32_t nib2_bf16x2_lop3(uint32_t w, int i) {
+    const uint32_t p = nib2_bf16x2_biased(w, i);
+    const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&p, __float2bfloat162_rn(136.f));
+    return *(const uint32_t *)&r;
+}
+
+/* One 128-k INT4 step of kA tiles of 16 rows against the same x: v0[a], v1[a] the lane's 16 bytes (group
+ * t) of tile a's rows g and g + 8; groups from ng_left on are past K. xat(i, G): the 8 x values at k
+ * kb + 32G + 8t ..; scl(a, G, h): tile a's group G scale of row g (h = 0) or g + 8. The quad transposes
+ * its loads so that one mma's k lie in one group; kLoaded: the lane loaded the transposed words itself
+ * (word G: bytes 4t .. 4t + 3 of group G). kBiased: the codes enter the mma as 128 + n (one lop3, exact)
+ * and each group's partial starts from an mma of -136 against the same x (-136 sum x, shared by the
+ * tiles), in place of a bf16x2 subtraction per pair. */
+template <int kMT, int kA, bool kLoaded, bool kBiased, class X, class Sc>
+__device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 (&v0)[kA], uint4 (&v1)[kA], int t, int ng_left, X xat,
+                                                Sc scl) {
     if constexpr (!kLoaded) {
-        quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
-        quad_transpose(v1, t);
+#pragma unroll
+        for (int a = 0; a < kA; a++) {
+            quad_transpose(v0[a], t); /* word G: lane t's 8 k of group G */
+            quad_transpose(v1[a], t);
+        }
     }
-    const uint32_t q0[4] = {v0.x, v0.y, v0.z, v0.w}, q1[4] = {v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
     for (int G = 0; G < 4; G++) {
         if (G >= ng_left) break;
-        const float sa = scl(G, 0), sb = scl(G, 1);
-        float part[kMT][4] = {};
-        uint4 xv[kMT];
-#pragma unroll
-        for (int i = 0; i < kMT; i++) xv[i] = xat(i, G);
-        /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
-        auto cv = [](uint32_t w, int i) { return kBiased ? ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u : nib2_bf16x2(w, i); };
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t a0 = cv(q0[G], 2 * h), a1 = cv(q1[G], 2 * h), a2 = cv(q0[G], 2 * h + 1), a3 = cv(q1[G], 2 * h + 1);
-#pragma unroll
-            for (int i = 0; i < kMT; i++) {
-                const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
-                const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
-                if constexpr (kBiased) {
-                    constexpr uint32_t kM136 = 0xC308C308u; /* bf16x2 (-136, -136) */
-                    mma(part[i], kM136, kM136, kM136, kM136, b0, b1);
-                }
-                mma(part[i], a0, a1, a2, a3, b0, b1);
-            }
-        }
+        uint32_t b[kMT][2][2]; /* x rows of tile i, mma h: the B operand (k pairs as the A words below) */
 #pragma unroll
         for (int i = 0; i < kMT; i++) {
-            acc[i][0] = fmaf(sa, part[i][0], acc[i][0]);
-            acc[i][1] = fmaf(sa, part[i][1], acc[i][1]);
-            acc[i][2] = fmaf(sb, part[i][2], acc[i][2]);
-            acc[i][3] = fmaf(sb, part[i][3], acc[i][3]);
+            const uint4 xv = xat(i, G);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t lo = h ? xv.y : xv.x, hi = h ? xv.w : xv.z;
+                b[i][h][0] = __byte_perm(lo, hi, 0x5410), b[i][h][1] = __byte_perm(lo, hi, 0x7632);
+            }
+        }
+        float corr[kMT][4] = {};
+        if constexpr (kBiased) {
+            constexpr uint32_t kM136 = 0xC308C308u; /* bf16x2 (-136, -136) */
+#pragma unroll
+            for (int i = 0; i < kMT; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) mma(corr[i], kM136, kM136, kM136, kM136, b[i][h][0], b[i][h][1]);
+        }
+#pragma unroll
+        for (int a = 0; a < kA; a++) {
+            const uint32_t w0 = G == 0 ? v0[a].x : G == 1 ? v0[a].y : G == 2 ? v0[a].z : v0[a].w;
+            const uint32_t w1 = G == 0 ? v1[a].x : G == 1 ? v1[a].y : G == 2 ? v1[a].z : v1[a].w;
+            float part[kMT][4];
+#pragma unroll
+            for (int i = 0; i < kMT; i++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) part[i][c] = corr[i][c];
+            /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t a0, a1, a2, a3;
+                if constexpr (kBiased)
+                    a0 = nib2_bf16x2_biased(w0, 2 * h), a1 = nib2_bf16x2_biased(w1, 2 * h), a2 = nib2_bf16x2_biased(w0, 2 * h + 1),
+                    a3 = nib2_bf16x2_biased(w1, 2 * h + 1);
+                else
+                    a0 = nib2_bf16x2_lop3(w0, 2 * h), a1 = nib2_bf16x2_lop3(w1, 2 * h), a2 = nib2_bf16x2_lop3(w0, 2 * h + 1),
+                    a3 = nib2_bf16x2_lop3(w1, 2 * h + 1);
+#pragma unroll
+                for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, b[i][h][0], b[i][h][1]);
+            }
+            const float sa = scl(a, G, 0), sb = scl(a, G, 1);
+#pragma unroll
+            for (int i = 0; i < kMT; i++) {
+                acc[a][i][0] = fmaf(sa, part[i][0], acc[a][i][0]);
+                acc[a][i][1] = fmaf(sa, part[i][1], acc[a][i][1]);
+                acc[a][i][2] = fmaf(sb, part[i][2], acc[a][i][2]);
+                acc[a][i][3] = fmaf(sb, part[i][3], acc[a][i][3]);
+            }
         }
     }
+}
+
+/* One 128-k INT4 step of one tile (int4_step_tiles with kA = 1): v0, v1 the lane's 16 bytes (group t) of
+ * rows g and g + 8; scl(G, h). */
+template <int kMT, class X, class Sc>
+__device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
+    uint4 a0[1] = {v0}, a1[1] = {v1};
+    int4_step_tiles<kMT, 1, false, false>(*reinterpret_cast<float(*)[1][kMT][4]>(&acc), a0, a1, t, ng_left, xat,
+                                          [&](int, int G, int h) { return scl(G, h); });
 }
 
 } // namespace

@@ -192,15 +192,21 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
             xv[0][u] = xr && k < n_in ? __ldg((const uint4 *)(xr + k)) : make_uint4(0, 0, 0, 0);
         }
         auto xat = [&](int i, int u) { return xv[i][u]; };
+        if constexpr (kInt4) {
+            uint32_t sw[kA][4]; /* tile a's group G scales, from lane G of the quad */
+            uint4 v0[kA], v1[kA];
 #pragma unroll
-        for (int a = 0; a < kA; a++) {
-            if constexpr (kInt4) {
-                uint32_t sw[4]; /* group G's scales, from lane G of the quad */
+            for (int a = 0; a < kA; a++) {
+                v0[a] = st.w[a][0][0], v1[a] = st.w[a][1][0];
 #pragma unroll
-                for (int G = 0; G < 4; G++) sw[G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
-                int4_step<kMT, kDir, (kV & kBiased) != 0>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, xat,
-                               [&](int G, int h) { return bf16_bits((uint16_t)(h ? sw[G] >> 16 : sw[G])); });
-            } else {
+                for (int G = 0; G < 4; G++) sw[a][G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
+            }
+            int4_step_tiles<kMT, kA, kDir, (kV & kBiased) != 0>(acc, v0, v1, t, ng - kb / 32, xat, [&](int a, int G, int h) {
+                return bf16_bits((uint16_t)(h ? sw[a][G] >> 16 : sw[a][G]));
+            });
+        } else {
+#pragma unroll
+            for (int a = 0; a < kA; a++) {
                 const uint4(&p)[2] = st.w[a][0], (&q)[2] = st.w[a][1];
                 const uint32_t q0[8] = {p[0].x, p[0].y, p[0].z, p[0].w, p[1].x, p[1].y, p[1].z, p[1].w};
                 const uint32_t q1[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
@@ -300,6 +306,6 @@ extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *per
                         "hidden, intermediate sizes that are multiples of 16 (FP8) or 32 (INT4): hidden %d, intermediate %d", hid, I);
     if (R < 1 || K < 1) return KDT_OK;
     if (gate_up->fmt == KDT_WFMT_INT4)
-        return launch<true, 2, 1, 128, kHint | kDirect | kBiased>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+        return launch<true, 2, 1, 64, kHint | kDirect | kBiased>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
     return launch<false, 2, 1, 128, kHint>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
 }
