@@ -133,8 +133,8 @@ template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes, int kV>
 void run_grouped(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
     const int32_t *c = P.counts(plan), *o = c + L.E, *pm = o + L.E;
     const unsigned slots = (unsigned)std::min(R * kTopk, L.E);
-    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
-    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, kV><<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(
+    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * warp_cols<false, kV>();
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)><<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(
         b.x, pm, kTopk, c, o, L.E, wquant<kInt4>(&L.gu), kHid, kInter, b.act);
     CK(cudaEventRecord(mid, s));
     moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, 0, s>>>(
@@ -205,18 +205,20 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib, L, P, R, b, ye_base, copy_bw, s);
-        /* moe_quant.cu's variant bits (kHint 1, kDirect 2, kBiased 4); the library: INT4 7 at 64 B, FP8 1 at 128 B */
+        /* moe_quant.cu's variant bits (kHint 1, kDirect 2, kBiased 4, kDown2 8); the library: INT4 15 at 64 B, FP8 9 at 128 B */
         time_variant("v0 ldcs, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 0>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("v1 hint, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
         if (kInt4) {
             time_variant("v3 hint+direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v3, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v7 hint+direct+biased, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 7>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7, split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7, split 2/2, 64 B", run_grouped<kInt4, 2, 2, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7, split 4/2, 64 B", run_grouped<kInt4, 4, 2, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v7, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v15 (v7 + down2), split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, 15>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v15, split 2/2, 64 B", run_grouped<kInt4, 2, 2, 64, 15>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v7, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
         } else {
+            time_variant("v9 (v1 + down2), split 2/1, 128 B (lib)", run_grouped<kInt4, 2, 1, 128, 9>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("v9, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, 9>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v1, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v1, split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("v1, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint>, L, P, R, b, ye_base, copy_bw, s);

@@ -58,8 +58,14 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int 
  * 256-byte span around each piece (a row's next steps come from one DRAM burst), the scales likewise at
  * normal L2 priority; else __ldcs (evict first). kDirect (INT4): each lane loads 4 bytes of each of the
  * step's 4 groups, the words int4_step needs, in place of 16 bytes and the quad's transpose. kBiased
- * (INT4): int4_step's codes as 128 + n, the 136 taken off by an mma (one instruction a pair fewer). */
-constexpr int kHint = 1, kDirect = 2, kBiased = 4;
+ * (INT4): int4_step's codes as 128 + n, the 136 taken off by an mma (one instruction a pair fewer).
+ * kDown2: down's warps own 32 columns (warp_cols). */
+constexpr int kHint = 1, kDirect = 2, kBiased = 4, kDown2 = 8;
+
+/* Output columns a warp of the kernel owns: gate/up 16 (two A tiles, gate and up rows); down 16, or 32
+ * with kDown2 (two A tiles of adjacent columns: half the warps, so that at batch 1 a layer's down is one
+ * wave of resident warps instead of 1.7). */
+template <bool kGateUp, int kV> constexpr int warp_cols() { return kGateUp || !(kV & kDown2) ? 16 : 32; }
 
 /* T at p + kOff, for a step wholly inside K (no bounds check): kHint: ld.global.nc with the 256-byte L2
  * prefetch, L1 bypassed (kL1: through L1, for the scales, which a row's next steps read again); else
@@ -99,18 +105,18 @@ template <bool kInt4, int kA> struct QStage {
     uint32_t s[kA];
 };
 
-/* One warp: columns col0 .. col0 + 15 of expert e against its rows r_beg .. r_beg + 7 (those below cnt;
+/* One warp: columns col0 .. col0 + 15 (down with kDown2: + 31, two A tiles) of expert e against its rows r_beg .. r_beg + 7 (those below cnt;
  * the mma's 8 columns), at assignment places off + row, over part ks of kSplit of the 128-k steps (the
  * kSplit warps of a column group sum their partials through red in part order, and part 0 writes).
  * kGateUp: in = x [*, n_in] (row perm[place] / topk), out = act [*, n_out] bf16; else in = act
  * [*, n_in] (row = place), out = ye [*, n_out] f32. kLaneBytes: weight bytes a lane keeps in flight.
- * n_out % 16 == 0: a live warp's 16 columns are all in range (a dead one, col0 >= n_out, reads the
- * last 16 and writes nothing), so rows g + 8 are rows g's plus 8 rows. */
+ * n_out % 16 == 0: a live tile's 16 columns are all in range (a dead one, past n_out, reads the last
+ * 16 and writes nothing), so rows g + 8 are rows g's plus 8 rows. */
 template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes, int kV>
 __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, const WQuant<kInt4> &w,
                                             int e, int off, int r_beg, int cnt, int n_in, int n_out, int col0, int ks, float *red,
                                             void *out) {
-    constexpr int kA = kGateUp ? 2 : 1, kMT = 1;
+    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16, kMT = 1;
     constexpr int kStepBytes = kA * 2 * (kInt4 ? 16 : 32); /* a lane's weight bytes of one step */
     constexpr int kU = 1 + (kLaneBytes / kStepBytes > 1 ? kLaneBytes / kStepBytes : 1); /* ring: in flight + the computed one */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -120,8 +126,8 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     const uint8_t *wr[kA], *sr[kA]; /* row g's codes and scales (FP8: its block row's) */
 #pragma unroll
     for (int a = 0; a < kA; a++) {
-        const int col = min(col0, n_out - kQCols) + g;
-        const typename WQuant<kInt4>::Row r = w.row(e, 0, (size_t)(a ? n_out + col : col), 0);
+        const int col = min(col0 + (kGateUp ? 0 : 16 * a), n_out - kQCols) + g;
+        const typename WQuant<kInt4>::Row r = w.row(e, 0, (size_t)(kGateUp && a ? n_out + col : col), 0);
         wr[a] = r.w, sr[a] = r.s;
     }
     const int xrow = r_beg + g;
@@ -245,16 +251,18 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     }
     /* c0, c1: row g, x rows 2t, 2t + 1 of the tile; c2, c3: row g + 8. */
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
-        const int col = col0 + g + (c >= 2 ? 8 : 0), row = r_beg + 2 * t + (c & 1);
-        if (col >= n_out || row >= cnt) continue;
-        const size_t p = (size_t)off + row;
-        if constexpr (kGateUp) ((bf16 *)out)[p * n_out + col] = __float2bfloat16_rn(silu(acc[0][0][c]) * acc[1][0][c]);
-        else ((float *)out)[p * n_out + col] = acc[0][0][c];
-    }
+    for (int a = 0; a < (kGateUp ? 1 : kA); a++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int col = col0 + 16 * a + g + (c >= 2 ? 8 : 0), row = r_beg + 2 * t + (c & 1);
+            if (col >= n_out || row >= cnt) continue;
+            const size_t p = (size_t)off + row;
+            if constexpr (kGateUp) ((bf16 *)out)[p * n_out + col] = __float2bfloat16_rn(silu(acc[0][0][c]) * acc[1][0][c]);
+            else ((float *)out)[p * n_out + col] = acc[a][0][c];
+        }
 }
 
-/* Grid (ceil(n_out / (16 kQWarps / kSplit)), slots): block (x, j) runs the j-th expert with rows (see
+/* Grid (ceil(n_out / (warp_cols kQWarps / kSplit)), slots): block (x, j) runs the j-th expert with rows (see
  * expert_cols; warp w: column group w / kSplit, part w % kSplit), its rows 8 at a time (the weights read
  * again for each 8 past the first: rare at decode sizes, where an expert mostly has 1 or 2).
  * kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in]. 4 blocks an SM (at most 128 registers a
@@ -263,9 +271,9 @@ template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes, int kV>
 __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
                                                                 const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
                                                                 int E, const WQuant<kInt4> w, int n_in, int n_out, void *out) {
-    __shared__ float red[kSplit > 1 ? kQWarps * (kGateUp ? 2 : 1) * 4 * 32 : 1];
+    __shared__ float red[kSplit > 1 ? kQWarps * (kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16) * 4 * 32 : 1];
     const int warp = threadIdx.x / 32, ks = warp % kSplit;
-    const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * kQCols;
+    const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * warp_cols<kGateUp, kV>();
     if (kSplit == 1 && col0 >= n_out) return;
     int cnt = 0;
     const int e = nth_active(counts, E, blockIdx.y, &cnt);
@@ -279,9 +287,9 @@ template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes, int kV>
 kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
                   const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int32_t E = gu->n;
-    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
+    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * warp_cols<false, kV>();
     const unsigned slots = (unsigned)(R * K < E ? R * K : E);
-    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, kV><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
         x, perm, K, counts, offs, E, wquant<kInt4>(gu), hid, I, act);
     KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
     moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
@@ -306,6 +314,6 @@ extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *per
                         "hidden, intermediate sizes that are multiples of 16 (FP8) or 32 (INT4): hidden %d, intermediate %d", hid, I);
     if (R < 1 || K < 1) return KDT_OK;
     if (gate_up->fmt == KDT_WFMT_INT4)
-        return launch<true, 2, 1, 64, kHint | kDirect | kBiased>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
-    return launch<false, 2, 1, 128, kHint>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+        return launch<true, 2, 1, 64, kHint | kDirect | kBiased | kDown2>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+    return launch<false, 2, 1, 128, kHint | kDown2>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
 }
