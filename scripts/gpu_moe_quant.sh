@@ -6,7 +6,8 @@
 # CPU); dev/cuda/moe_quant_bench (one layer's routed experts at R = 1, 8, 32: main's kernel, the
 # library's and other splits / depths, against the copy ceiling); bench_model_quant (K2.6 layout,
 # INT4 experts) at batch 1, 8, 32 for both builds; ncu's per-kernel time and DRAM bytes of one batch-1
-# decode step (graphs off); test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward); then, if
+# decode step (graphs off); test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward) and
+# test_quant_gemm (quant_gemm, kdt_sgemm: every cfg against the CPU); then, if
 # time is left, ncu on the baseline and the DeepSeek-V3 FP8 layout for both. Logs in $OUT/logs,
 # tables in $OUT; one "## " line per step, the summary last. No network: see scripts/gpu_deps.sh.
 set -u
@@ -41,7 +42,7 @@ note "baseline: $base_from"
 T="$BUILD/tests" B="$BUILD/bench/bench_model_quant" BB="$BASE/$BUILD/bench/bench_model_quant"
 (cd "$BASE" && timeout 90 make -j16 "${MAKEVARS[@]}" "$BUILD/bench/bench_model_quant" >"$LOGS/build_base.log" 2>&1) &
 base_pid=$!
-step build 100 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$B" "$BUILD/dev/moe_quant_bench" ||
+step build 100 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$T/test_quant_gemm" "$B" "$BUILD/dev/moe_quant_bench" ||
     grep -E 'error' "$LOGS/build.log" | head -20
 wait "$base_pid"
 note "build_base: exit $? ($LOGS/build_base.log)"
@@ -128,6 +129,7 @@ ncu_moe() { # ncu_moe NAME SKIP
 }
 ncu_moe ncu_moe 0
 tests test_quant_cuda 40
+tests test_quant_gemm 30  # quant_gemm and kdt_sgemm on quant_mma.cuh's int4 step, stream_gemm.cuh's cfgs
 ncu_step ncu_base "$BB"
 
 ncu_moe ncu_moe_v0 8

@@ -357,7 +357,7 @@ kdt_status launch_cfg(const void *x, const void *w, const void *scale, float *y,
 template <int kFmt>
 kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate,
                       cudaStream_t st, const char *what) {
-    if (kFmt != KDT_SGEMM_INT4 && (cfg == 4 || cfg == 5)) cfg -= 2; /* the transpose is int4's alone */
+    /* cfgs 4 and 5 of bf16 and fp8 are 3 and 2 (the kLdsm term below): the transpose is int4's alone */
 #define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c] && kFmt == KDT_SGEMM_INT4, kCfgRing[c]>
     switch (cfg) {
     case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, accumulate, st, what);
