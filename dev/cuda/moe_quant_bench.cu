@@ -11,9 +11,10 @@
  *   make BUILD=build build/dev/moe_quant_bench   (sm_90a; links build/libkdt.a)
  *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]
  *
- * Variants: "vN, split S/D, B bytes": moe_quant.cu's variant bits N (kHint 1, kDirect 2, kBiased 4; v0 loads
- * with __ldcs as the final run of 2026-12-02 13:02 did), S (D) warps of a block split gate/up's (down's)
- * K, each lane keeps B bytes of weights in flight; "lib" is what kdt_moe_quant launches (one event
+ * Variants: "bits, split S/D, B bytes": moe_quant.cu's variant bits (direct: kDirect, INT4's lanes load the
+ * transposed words; transpose: 16 bytes and the quad's shuffles; down2: kDown2, down's warps own 32 columns),
+ * S (D) warps of a block split gate/up's (down's) K, each lane keeps B bytes of weights in flight beside the
+ * step it computes; "lib" is what kdt_moe_quant launches (one event
  * around both launches: its gate/up column is 0). */
 #include <math.h>
 
@@ -205,23 +206,19 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib, L, P, R, b, ye_base, copy_bw, s);
-        /* moe_quant.cu's variant bits (kHint 1, kDirect 2, kBiased 4, kDown2 8); the library: INT4 15 at 64 B, FP8 9 at 128 B */
-        time_variant("v0 ldcs, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 0>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("v1 hint, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
+        /* moe_quant.cu's variant bits (kDirect 2, kDown2 8); the library: INT4 kDirect, split 2/1, 64 B; FP8 kDown2, split 1/1, 128 B */
         if (kInt4) {
-            time_variant("v3 hint+direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v3, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint | kDirect>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7 hint+direct+biased, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, 7>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v15 (v7 + down2), split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, 15>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v15, split 2/2, 64 B", run_grouped<kInt4, 2, 2, 64, 15>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v7, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, 7>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("direct, split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("transpose, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, 0>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("direct + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kDirect | kDown2>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("direct, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("direct, split 4/2, 64 B", run_grouped<kInt4, 4, 2, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
         } else {
-            time_variant("v9 (v1 + down2), split 2/1, 128 B (lib)", run_grouped<kInt4, 2, 1, 128, 9>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v9, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, 9>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v1, split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v1, split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, kHint>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("v1, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kHint>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("down2, split 1/1, 128 B (lib)", run_grouped<kInt4, 1, 1, 128, kDown2>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, 0>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("down2, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kDown2>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("down2, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kDown2>, L, P, R, b, ye_base, copy_bw, s);
         }
         free(ye_base);
         CK(cudaFree(P.d));

@@ -46,17 +46,11 @@ __device__ __forceinline__ void fp8_step(float (&acc)[kMT][4], const uint32_t (&
         for (int c = 0; c < 4; c++) acc[i][c] = fmaf(sc, part[i][c], acc[i][c]);
 }
 
-/* (w >> 4i) & 0x000F000F | 0x43004300: nibbles i and i + 4 of w as the bf16x2 (128 + n, 128 + n'), exact;
- * one lop3 (ptxas splits the C form into two, each taking one immediate). */
-__device__ __forceinline__ uint32_t nib2_bf16x2_biased(uint32_t w, int i) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u));
-    return r;
-}
-
-/* mma_frag.cuh's nib2_bf16x2 (n - 8) on the one-lop3 form: a shift, a lop3 and a bf16x2 subtraction. */
+/* mma_frag.cuh's nib2_bf16x2 (n - 8) with (w >> 4i) & 0x000F000F | 0x43004300 in one lop3 (ptxas splits
+ * the C form into two, each taking one immediate): a shift, a lop3 and a bf16x2 subtraction. */
 __device__ __forceinline__ uint32_t nib2_bf16x2_lop3(uint32_t w, int i) {
-    const uint32_t p = nib2_bf16x2_biased(w, i);
+    uint32_t p;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(p) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u));
     const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&p, __float2bfloat162_rn(136.f));
     return *(const uint32_t *)&r;
 }
@@ -65,10 +59,8 @@ __device__ __forceinline__ uint32_t nib2_bf16x2_lop3(uint32_t w, int i) {
  * t) of tile a's rows g and g + 8; groups from ng_left on are past K. xat(i, G): the 8 x values at k
  * kb + 32G + 8t ..; scl(a, G, h): tile a's group G scale of row g (h = 0) or g + 8. The quad transposes
  * its loads so that one mma's k lie in one group; kLoaded: the lane loaded the transposed words itself
- * (word G: bytes 4t .. 4t + 3 of group G). kBiased: the codes enter the mma as 128 + n (one lop3, exact)
- * and each group's partial starts from an mma of -136 against the same x (-136 sum x, shared by the
- * tiles), in place of a bf16x2 subtraction per pair. */
-template <int kMT, int kA, bool kLoaded, bool kBiased, class X, class Sc>
+ * (word G: bytes 4t .. 4t + 3 of group G). x's B operands are made once for the kA tiles. */
+template <int kMT, int kA, bool kLoaded, class X, class Sc>
 __device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 (&v0)[kA], uint4 (&v1)[kA], int t, int ng_left, X xat,
                                                 Sc scl) {
     if constexpr (!kLoaded) {
@@ -91,33 +83,16 @@ __device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 
                 b[i][h][0] = __byte_perm(lo, hi, 0x5410), b[i][h][1] = __byte_perm(lo, hi, 0x7632);
             }
         }
-        float corr[kMT][4] = {};
-        if constexpr (kBiased) {
-            constexpr uint32_t kM136 = 0xC308C308u; /* bf16x2 (-136, -136) */
-#pragma unroll
-            for (int i = 0; i < kMT; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) mma(corr[i], kM136, kM136, kM136, kM136, b[i][h][0], b[i][h][1]);
-        }
 #pragma unroll
         for (int a = 0; a < kA; a++) {
             const uint32_t w0 = G == 0 ? v0[a].x : G == 1 ? v0[a].y : G == 2 ? v0[a].z : v0[a].w;
             const uint32_t w1 = G == 0 ? v1[a].x : G == 1 ? v1[a].y : G == 2 ? v1[a].z : v1[a].w;
-            float part[kMT][4];
-#pragma unroll
-            for (int i = 0; i < kMT; i++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) part[i][c] = corr[i][c];
+            float part[kMT][4] = {};
             /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                uint32_t a0, a1, a2, a3;
-                if constexpr (kBiased)
-                    a0 = nib2_bf16x2_biased(w0, 2 * h), a1 = nib2_bf16x2_biased(w1, 2 * h), a2 = nib2_bf16x2_biased(w0, 2 * h + 1),
-                    a3 = nib2_bf16x2_biased(w1, 2 * h + 1);
-                else
-                    a0 = nib2_bf16x2_lop3(w0, 2 * h), a1 = nib2_bf16x2_lop3(w1, 2 * h), a2 = nib2_bf16x2_lop3(w0, 2 * h + 1),
-                    a3 = nib2_bf16x2_lop3(w1, 2 * h + 1);
+                const uint32_t a0 = nib2_bf16x2_lop3(w0, 2 * h), a1 = nib2_bf16x2_lop3(w1, 2 * h);
+                const uint32_t a2 = nib2_bf16x2_lop3(w0, 2 * h + 1), a3 = nib2_bf16x2_lop3(w1, 2 * h + 1);
 #pragma unroll
                 for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, b[i][h][0], b[i][h][1]);
             }
@@ -138,7 +113,7 @@ __device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 
 template <int kMT, class X, class Sc>
 __device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
     uint4 a0[1] = {v0}, a1[1] = {v1};
-    int4_step_tiles<kMT, 1, false, false>(*reinterpret_cast<float(*)[1][kMT][4]>(&acc), a0, a1, t, ng_left, xat,
+    int4_step_tiles<kMT, 1, false>(*reinterpret_cast<float(*)[1][kMT][4]>(&acc), a0, a1, t, ng_left, xat,
                                           [&](int, int G, int h) { return scl(G, h); });
 }
 

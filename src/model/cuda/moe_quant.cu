@@ -54,27 +54,22 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int 
     return found;
 }
 
-/* Variants (kV bits; the dev bench times each): kHint: the weights L1-bypassed with the L2 asked for the
- * 256-byte span around each piece (a row's next steps come from one DRAM burst), the scales likewise at
- * normal L2 priority; else __ldcs (evict first). kDirect (INT4): each lane loads 4 bytes of each of the
- * step's 4 groups, the words int4_step needs, in place of 16 bytes and the quad's transpose. kBiased
- * (INT4): int4_step's codes as 128 + n, the 136 taken off by an mma (one instruction a pair fewer).
- * kDown2: down's warps own 32 columns (warp_cols). */
-constexpr int kHint = 1, kDirect = 2, kBiased = 4, kDown2 = 8;
+/* Variants (kV bits; the dev bench times them, docs/perf/quant.md): kDirect (INT4): each lane loads 4 bytes
+ * of each of the step's 4 groups, the words int4_step_tiles needs, in place of 16 bytes and the quad's
+ * transpose; kDown2: down's warps own 32 columns (warp_cols). */
+constexpr int kDirect = 2, kDown2 = 8;
 
 /* Output columns a warp of the kernel owns: gate/up 16 (two A tiles, gate and up rows); down 16, or 32
  * with kDown2 (two A tiles of adjacent columns: half the warps, so that at batch 1 a layer's down is one
  * wave of resident warps instead of 1.7). */
 template <bool kGateUp, int kV> constexpr int warp_cols() { return kGateUp || !(kV & kDown2) ? 16 : 32; }
 
-/* T at p + kOff, for a step wholly inside K (no bounds check): kHint: ld.global.nc with the 256-byte L2
- * prefetch, L1 bypassed (kL1: through L1, for the scales, which a row's next steps read again); else
- * __ldcs. The immediate offset keeps one address register for a row's pieces. */
-template <int kV, class T, bool kL1 = false, int kOff = 0>
+/* T at p + kOff, for a step wholly inside K (no bounds check): ld.global.nc with the 256-byte L2 prefetch,
+ * L1 bypassed (kL1: through L1, for the scales, which a row's next steps read again). The immediate offset
+ * keeps one address register for a row's pieces. */
+template <class T, bool kL1 = false, int kOff = 0>
 __device__ __forceinline__ T ldw(const uint8_t *p) {
-    if constexpr (!(kV & kHint)) {
-        return __ldcs((const T *)(p + kOff));
-    } else if constexpr (sizeof(T) == 16) {
+    if constexpr (sizeof(T) == 16) {
         uint4 v;
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4+%5];"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "n"(kOff));
@@ -155,13 +150,12 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
                 for (int h = 0; h < 2; h++) {
                     const uint8_t *p = pw[a][h] + o;
                     if constexpr (kDir)
-                        st.w[a][h][0] = make_uint4(ldw<kV, uint32_t>(p), ldw<kV, uint32_t, false, 16>(p), ldw<kV, uint32_t, false, 32>(p),
-                                                   ldw<kV, uint32_t, false, 48>(p));
-                    else if constexpr (kInt4) st.w[a][h][0] = ldw<kV, uint4>(p);
-                    else st.w[a][h][0] = ldw<kV, uint4>(p), st.w[a][h][1] = ldw<kV, uint4, false, 64>(p);
-                    if constexpr (kInt4) sc |= (uint32_t)ldw<kV, unsigned short, true>(ps[a][h] + 8 * s) << (16 * h);
+                        st.w[a][h][0] = make_uint4(ldw<uint32_t>(p), ldw<uint32_t, false, 16>(p), ldw<uint32_t, false, 32>(p), ldw<uint32_t, false, 48>(p));
+                    else if constexpr (kInt4) st.w[a][h][0] = ldw<uint4>(p);
+                    else st.w[a][h][0] = ldw<uint4>(p), st.w[a][h][1] = ldw<uint4, false, 64>(p);
+                    if constexpr (kInt4) sc |= (uint32_t)ldw<unsigned short, true>(ps[a][h] + 8 * s) << (16 * h);
                 }
-                if constexpr (!kInt4) sc = ldw<kV, uint32_t, true>(ps[a][0] + 4 * s);
+                if constexpr (!kInt4) sc = ldw<uint32_t, true>(ps[a][0] + 4 * s);
                 st.s[a] = sc;
             }
             return;
@@ -207,7 +201,7 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
 #pragma unroll
                 for (int G = 0; G < 4; G++) sw[a][G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
             }
-            int4_step_tiles<kMT, kA, kDir, (kV & kBiased) != 0>(acc, v0, v1, t, ng - kb / 32, xat, [&](int a, int G, int h) {
+            int4_step_tiles<kMT, kA, kDir>(acc, v0, v1, t, ng - kb / 32, xat, [&](int a, int G, int h) {
                 return bf16_bits((uint16_t)(h ? sw[a][G] >> 16 : sw[a][G]));
             });
         } else {
@@ -314,6 +308,6 @@ extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *per
                         "hidden, intermediate sizes that are multiples of 16 (FP8) or 32 (INT4): hidden %d, intermediate %d", hid, I);
     if (R < 1 || K < 1) return KDT_OK;
     if (gate_up->fmt == KDT_WFMT_INT4)
-        return launch<true, 2, 1, 64, kHint | kDirect | kBiased | kDown2>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
-    return launch<false, 2, 1, 128, kHint | kDown2>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+        return launch<true, 2, 1, 64, kDirect>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+    return launch<false, 1, 1, 128, kDown2>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
 }
