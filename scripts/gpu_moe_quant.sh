@@ -116,13 +116,14 @@ ncu_step ncu_new "$B"
 
 # ncu on the grouped kernels alone (the dev bench's first K2.6 INT4 call at R = 1: gate/up, down):
 # occupancy, issue and warp-state statistics.
-# ncu_moe: the library's (its first call, after main's kernel); ncu_moe_v0: variant v0 (__ldcs loads),
-# past the library's 4 calls (--reps 1: one check, two warm-ups, one timed) of 2 launches.
-ncu_moe() { # ncu_moe NAME SKIP
+# ncu_moe: the library's (its first call, after main's kernel); ncu_moe_transpose: the "transpose" variant
+# (16-byte loads and the quad's shuffles), past the library's and its own-kernel row's 4 calls each (--reps 1:
+# one check, two warm-ups, one timed) of 2 launches.
+ncu_moe() { # ncu_moe NAME SKIP [FORMAT]
     command -v ncu >/dev/null && [ -x "$BUILD/dev/moe_quant_bench" ] || return
     step "$1" 30 ncu --clock-control none --cache-control none -k regex:moe_quant_kernel --launch-skip "$2" -c 2 --section Occupancy \
         --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,smsp__inst_executed.sum \
-        "$BUILD/dev/moe_quant_bench" --only int4 --reps 1
+        "$BUILD/dev/moe_quant_bench" --only "${3:-int4}" --reps 1
     grep -E 'moe_quant_kernel|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Memory Throughput|Registers Per|dram__bytes_read|inst_executed' \
         "$LOGS/$1.log" | sed -E 's/ +/ /g' | cut -c1-150 >"$OUT/$1.txt"
     while read -r l; do note "$1: $l"; done <"$OUT/$1.txt"
@@ -132,9 +133,10 @@ tests test_quant_cuda 40
 tests test_quant_gemm 30  # quant_gemm and kdt_sgemm on quant_mma.cuh's int4 step, stream_gemm.cuh's cfgs
 ncu_step ncu_base "$BB"
 
-ncu_moe ncu_moe_v0 8
+ncu_moe ncu_moe_transpose 16
 bench bmq_fp8_new "$B" --only fp8 --gb "$GB_FP8" --decode 8
 bench bmq_fp8_base "$BB" --only fp8 --gb "$GB_FP8" --decode 8
+ncu_moe ncu_moe_fp8 0 fp8
 
 echo
 echo "== summary (logs in $LOGS, tables in $OUT)"
