@@ -14,6 +14,8 @@
  * g and g + 8 (whole 32-byte sectors per instruction) and the step's scales kU steps ahead into
  * registers, about 4 KB a warp in flight; a step's token rows (x, from L2 mostly) are read at once
  * at its start. Each output is one warp's sum (or its parts' in order): deterministic. */
+#include <type_traits>
+
 #include "common/cuda/cuda_common.cuh"
 #include "cuda/quant_mma.cuh"
 #include "model/cuda/moe_quant.h"
@@ -89,8 +91,13 @@ __device__ __forceinline__ T ldw(const uint8_t *p) {
         return v;
     }
 }
-/* The same where a step reaches past K (the last of an odd K): zeros where !in. */
-template <class T> __device__ __forceinline__ T ldw_tail(const uint8_t *p, bool in) { return in ? __ldcs((const T *)p) : T{}; }
+/* ldw where the step is wholly inside K (kFull: in is true), else the piece at p + kOff or zeros where !in (the
+ * last step of an odd K). */
+template <bool kFull, class T, bool kL1 = false, int kOff = 0>
+__device__ __forceinline__ T ldp(const uint8_t *p, bool in) {
+    if constexpr (kFull) return ldw<T, kL1, kOff>(p);
+    else return in ? __ldcs((const T *)(p + kOff)) : T{};
+}
 
 /* What a lane holds of one step, per A tile a: rows g and g + 8 (h), INT4 bytes 16t .. 16t + 15 of the
  * row's 64-byte step (group t), FP8 bytes 16t .. and 64 + 16t .. of its 128-byte step; s: INT4 group
@@ -139,28 +146,9 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     for (int a = 0; a < kA; a++)
 #pragma unroll
         for (int h = 0; h < 2; h++) pw[a][h] = wr[a] + h * w8 + (kDir ? 4 : 16) * t, ps[a][h] = kInt4 ? sr[a] + h * s8 + 2 * t : sr[a];
-    auto load = [&](QStage<kInt4, kA> &st, int s) {
-        if (s >= s_end) return;
-        const int o = s * kRowStep;
-        if (s < s_full) {
-#pragma unroll
-            for (int a = 0; a < kA; a++) {
-                uint32_t sc = 0;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint8_t *p = pw[a][h] + o;
-                    if constexpr (kDir)
-                        st.w[a][h][0] = make_uint4(ldw<uint32_t>(p), ldw<uint32_t, false, 16>(p), ldw<uint32_t, false, 32>(p), ldw<uint32_t, false, 48>(p));
-                    else if constexpr (kInt4) st.w[a][h][0] = ldw<uint4>(p);
-                    else st.w[a][h][0] = ldw<uint4>(p), st.w[a][h][1] = ldw<uint4, false, 64>(p);
-                    if constexpr (kInt4) sc |= (uint32_t)ldw<unsigned short, true>(ps[a][h] + 8 * s) << (16 * h);
-                }
-                if constexpr (!kInt4) sc = ldw<uint32_t, true>(ps[a][0] + 4 * s);
-                st.s[a] = sc;
-            }
-            return;
-        }
-        const int lim = kInt4 ? n_in / 2 : n_in; /* bytes of a row */
+    auto load_step = [&](auto full, QStage<kInt4, kA> &st, int s) { /* full: std::true_type where s < s_full */
+        constexpr bool kFull = decltype(full)::value;
+        const int o = s * kRowStep, lim = kInt4 ? n_in / 2 : n_in; /* lim: bytes of a row */
 #pragma unroll
         for (int a = 0; a < kA; a++) {
             uint32_t sc = 0;
@@ -168,16 +156,20 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
             for (int h = 0; h < 2; h++) {
                 const uint8_t *p = pw[a][h] + o;
                 if constexpr (kDir)
-                    st.w[a][h][0] = make_uint4(ldw_tail<uint32_t>(p, o < lim), ldw_tail<uint32_t>(p + 16, o + 16 < lim),
-                                               ldw_tail<uint32_t>(p + 32, o + 32 < lim), ldw_tail<uint32_t>(p + 48, o + 48 < lim));
-                else
-#pragma unroll
-                    for (int l = 0; l < (kInt4 ? 1 : 2); l++) st.w[a][h][l] = ldw_tail<uint4>(p + 64 * l, o + 64 * l + 16 * t < lim);
-                if constexpr (kInt4) sc |= (uint32_t)ldw_tail<unsigned short>(ps[a][h] + 8 * s, 4 * s + t < n_in / 32) << (16 * h);
+                    st.w[a][h][0] = make_uint4(ldp<kFull, uint32_t>(p, o < lim), ldp<kFull, uint32_t, false, 16>(p, o + 16 < lim),
+                                               ldp<kFull, uint32_t, false, 32>(p, o + 32 < lim), ldp<kFull, uint32_t, false, 48>(p, o + 48 < lim));
+                else st.w[a][h][0] = ldp<kFull, uint4>(p, o + 16 * t < lim);
+                if constexpr (!kInt4) st.w[a][h][1] = ldp<kFull, uint4, false, 64>(p, o + 64 + 16 * t < lim);
+                if constexpr (kInt4) sc |= (uint32_t)ldp<kFull, unsigned short, true>(ps[a][h] + 8 * s, 4 * s + t < n_in / 32) << (16 * h);
             }
-            if constexpr (!kInt4) sc = ldw_tail<uint32_t>(ps[a][0] + 4 * s, true);
+            if constexpr (!kInt4) sc = ldp<kFull, uint32_t, true>(ps[a][0] + 4 * s, true);
             st.s[a] = sc;
         }
+    };
+    auto load = [&](QStage<kInt4, kA> &st, int s) {
+        if (s >= s_end) return;
+        if (s < s_full) load_step(std::true_type(), st, s);
+        else load_step(std::false_type(), st, s);
     };
     float acc[kA][kMT][4] = {};
     auto compute = [&](const QStage<kInt4, kA> &st, int s) {
