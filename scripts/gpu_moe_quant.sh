@@ -8,7 +8,8 @@
 # INT4 experts) at batch 1, 8, 32 for both builds; ncu's per-kernel time and DRAM bytes of one batch-1
 # decode step (graphs off); test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward) and
 # test_quant_gemm (quant_gemm, kdt_sgemm: every cfg against the CPU); then, if
-# time is left, ncu on the baseline and the DeepSeek-V3 FP8 layout for both. Logs in $OUT/logs,
+# time is left, ncu on the baseline, the DeepSeek-V3 FP8 layout for both, ncu of the FP8 kernels and the
+# dev bench's --exp rows (an INT4 experiment the library does not launch). Logs in $OUT/logs,
 # tables in $OUT; one "## " line per step, the summary last. No network: see scripts/gpu_deps.sh.
 set -u
 cd "$(dirname "$0")/.."
@@ -137,6 +138,15 @@ ncu_moe ncu_moe_transpose 16
 bench bmq_fp8_new "$B" --only fp8 --gb "$GB_FP8" --decode 8
 bench bmq_fp8_base "$BB" --only fp8 --gb "$GB_FP8" --decode 8
 ncu_moe ncu_moe_fp8 0 fp8
+
+# An experiment the library does not launch (moe_quant.cu's kSmem: INT4's ring of steps in shared memory),
+# beside the library's kernels, in a process of its own.
+if [ -x "$BUILD/dev/moe_quant_bench" ]; then
+    step moe_quant_bench_exp 20 "$BUILD/dev/moe_quant_bench" --only int4 --exp --out "$OUT/moe_quant_bench_exp.md" --reps 16
+    awk -F'|' '/^\| int4 \|/ { gsub(/^ +| +$/, "", $4); printf "exp %s R=%s %s: %s us (gate/up %s, down %s), %s of copy, ye vs main %s\n", $2, $3, $4, $7, $5, $6, $12, $13 }' \
+        "$OUT/moe_quant_bench_exp.md" 2>/dev/null | tr -s ' ' >"$OUT/moe_quant_bench_exp.txt"
+    while read -r l; do note "$l"; done <"$OUT/moe_quant_bench_exp.txt"
+fi
 
 echo
 echo "== summary (logs in $LOGS, tables in $OUT)"

@@ -58,13 +58,36 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int 
 
 /* Variants (kV bits; the dev bench times them, docs/perf/quant.md): kDirect (INT4): each lane loads 4 bytes
  * of each of the step's 4 groups, the words int4_step_tiles needs, in place of 16 bytes and the quad's
- * transpose; kDown2: down's warps own 32 columns (warp_cols). */
-constexpr int kDirect = 2, kDown2 = 8;
+ * transpose; kDown2: down's warps own 32 columns (warp_cols); kSmem (INT4, an experiment the library does
+ * not launch): the ring of steps in shared memory, each lane cp.async-ing its own 16-byte pieces and its
+ * rows' 8 bytes of scales a step and reading back only those (no barrier), so that the steps in flight
+ * cost no registers. */
+constexpr int kDirect = 2, kDown2 = 8, kSmem = 16;
+
+/* n of kBytes (4 or 8; n = 0 .. kBytes, zero-filled past n) from global to shared, through L1 (a row's
+ * scales serve the quad's 4 lanes). */
+template <int kBytes>
+__device__ __forceinline__ void cp_ca(void *dst, const void *src, int n) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(kBytes), "r"(n) : "memory");
+}
 
 /* Output columns a warp of the kernel owns: gate/up 16 (two A tiles, gate and up rows); down 16, or 32
  * with kDown2 (two A tiles of adjacent columns: half the warps, so that at batch 1 a layer's down is one
  * wave of resident warps instead of 1.7). */
 template <bool kGateUp, int kV> constexpr int warp_cols() { return kGateUp || !(kV & kDown2) ? 16 : 32; }
+
+/* kSmem's ring: slots of steps a warp (1 + kLaneBytes / a lane's step bytes, as the register ring), and
+ * the block's dynamic shared memory: per warp and slot, kA x 2 rows x 32 lanes of 16 code bytes + 8 scale
+ * bytes. */
+template <bool kInt4, bool kGateUp, int kLaneBytes, int kV> constexpr int smem_slots() {
+    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16, kStep = kA * 2 * 16;
+    return 1 + (kLaneBytes / kStep > 1 ? kLaneBytes / kStep : 1);
+}
+template <bool kInt4, bool kGateUp, int kLaneBytes, int kV> constexpr int smem_bytes() {
+    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16;
+    return kInt4 && (kV & kSmem) ? kQWarps * smem_slots<kInt4, kGateUp, kLaneBytes, kV>() * kA * 2 * 32 * 24 : 0;
+}
 
 /* T at p + kOff, for a step wholly inside K (no bounds check): ld.global.nc with the 256-byte L2 prefetch,
  * L1 bypassed (kL1: through L1, for the scales, which a row's next steps read again). The immediate offset
@@ -207,16 +230,66 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         }
     };
 
-    /* A slot is refilled as soon as its step is computed (no copy of it: the registers are the ring's). */
-    QStage<kInt4, kA> ring[kU];
+    if constexpr (kInt4 && (kV & kSmem)) {
+        static_assert(!(kV & kDirect), "kSmem copies 16-byte pieces (the quad transposes them)");
+        /* n_in % 128 == 0 here (K2.6's sizes: the dev bench's): a row's scales are 8-byte aligned.
+         * Slot d of this warp: codes [kA][2][32] uint4, then scales [kA][2][32] uint2; step s in slot s % kD. */
+        constexpr int kD = smem_slots<kInt4, kGateUp, kLaneBytes, kV>(), kSlot = kA * 2 * 32 * 24;
+        extern __shared__ __align__(16) uint8_t qsm[];
+        uint8_t *const ring = qsm + (size_t)(threadIdx.x / 32) * kD * kSlot;
+        auto codes = [&](int d, int a, int h) { return (uint4 *)(ring + d * kSlot) + (a * 2 + h) * 32 + lane; };
+        auto scales = [&](int d, int a, int h) { return (uint2 *)(ring + d * kSlot + kA * 2 * 32 * 16) + (a * 2 + h) * 32 + lane; };
+        const int lim = n_in / 2;
+        auto issue = [&](int s) {
+            if (s < s_end) {
+                const int o = s * kRowStep, left = ng - 4 * s;
 #pragma unroll
-    for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
-    for (int s0 = s_beg; s0 < s_end; s0 += kU) {
+                for (int a = 0; a < kA; a++)
 #pragma unroll
-        for (int u = 0; u < kU; u++) {
-            if (s0 + u >= s_end) break;
-            compute(ring[u], s0 + u);
-            load(ring[u], s0 + u + kU);
+                    for (int h = 0; h < 2; h++) {
+                        const bool in = o + 16 * t < lim;
+                        cp16<false>(codes(s % kD, a, h), in ? pw[a][h] + o : pw[a][h], in);
+                        cp_ca<8>(scales(s % kD, a, h), ps[a][h] - 2 * t + 8 * s, 2 * (left < 4 ? max(left, 0) : 4));
+                    }
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
+        for (int d = 0; d < kD - 1; d++) issue(s_beg + d);
+        for (int s = s_beg; s < s_end; s++) {
+            issue(s + kD - 1);
+            asm volatile("cp.async.wait_group %0;" ::"n"(kD - 1) : "memory"); /* this lane's copies of step s */
+            const int kb = s * kQStep, d = s % kD;
+            uint4 xv[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int k = kb + 32 * u + 8 * t;
+                xv[u] = xr && k < n_in ? __ldg((const uint4 *)(xr + k)) : make_uint4(0, 0, 0, 0);
+            }
+            uint4 v0[kA], v1[kA];
+            uint2 sc[kA][2];
+#pragma unroll
+            for (int a = 0; a < kA; a++) {
+                v0[a] = *codes(d, a, 0), v1[a] = *codes(d, a, 1);
+                sc[a][0] = *scales(d, a, 0), sc[a][1] = *scales(d, a, 1);
+            }
+            int4_step_tiles<kMT, kA, false>(acc, v0, v1, t, ng - kb / 32, [&](int, int u) { return xv[u]; }, [&](int a, int G, int h) {
+                const uint32_t wd = G < 2 ? sc[a][h].x : sc[a][h].y;
+                return bf16_bits((uint16_t)(G & 1 ? wd >> 16 : wd));
+            });
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory"); /* no copy lands after the warp moves on */
+    } else {
+        /* A slot is refilled as soon as its step is computed (no copy of it: the registers are the ring's). */
+        QStage<kInt4, kA> ring[kU];
+#pragma unroll
+        for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
+        for (int s0 = s_beg; s0 < s_end; s0 += kU) {
+#pragma unroll
+            for (int u = 0; u < kU; u++) {
+                if (s0 + u >= s_end) break;
+                compute(ring[u], s0 + u);
+                load(ring[u], s0 + u + kU);
+            }
         }
     }
 
@@ -275,10 +348,12 @@ kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, cons
     const int32_t E = gu->n;
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * warp_cols<false, kV>();
     const unsigned slots = (unsigned)(R * K < E ? R * K : E);
-    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps,
+                                                                          smem_bytes<kInt4, true, kLaneBytes, (kV & ~kDown2)>(), s>>>(
         x, perm, K, counts, offs, E, wquant<kInt4>(gu), hid, I, act);
     KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
-    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps,
+                                                                 smem_bytes<kInt4, false, kLaneBytes, kV>(), s>>>(
         (const bf16 *)act, nullptr, K, counts, offs, E, wquant<kInt4>(dn), I, hid, ye);
     KDT_CUDA_CHECK_LAUNCH("moe_quant down");
     return KDT_OK;
