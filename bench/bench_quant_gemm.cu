@@ -10,7 +10,7 @@
  * line sums the table up per format: mean share of the ceiling and rows at >= 75%, over the large shapes
  * (dense gate/up, dense down, o) and over all. --prefill adds M = 128 and 512 (quant_gemm's baseline,
  * the dequantize + cuBLAS prefill path) and the dequantize kernels alone. --profile runs one kdt_sgemm
- * launch a format (int4 also with cfgs 5, 6) and quant_gemm's streaming kernel on fp8 and int4, at M = 1
+ * launch a format (int4 also with cfg 5) and quant_gemm's streaming kernel on fp8 and int4, at M = 1
  * on the dense gate/up weight [18432, 7168], and nothing else, for ncu.
  *
  *   build/bench/bench_quant_gemm [--out FILE.md] [--quick] [--prefill] | --profile
@@ -178,7 +178,7 @@ void tally(Tally &t, bool large, double pct) {
         }
 }
 
-/* One kdt_sgemm launch a format (and int4 with cfgs 5, 6), then the old kernel's fp8 and int4, at M = 1 on [18432, 7168]
+/* One kdt_sgemm launch a format (and int4 with cfg 5), then the old kernel's fp8 and int4, at M = 1 on [18432, 7168]
  * (zeros), for a profiler. */
 int profile() {
     const int N = 18432, K = 7168;
@@ -192,10 +192,10 @@ int profile() {
     CK(cudaMemset(s, 0, (size_t)N * K / 16));
     CK(cudaMemset(x, 0, (size_t)K * 2));
     for (int f = 0; f < 3; f++) KCK(kdt_sgemm((kdt_sgemm_fmt)f, x, w, f ? s : NULL, y, 1, N, K, 0, NULL));
-    for (int cfg = 5; cfg <= 6; cfg++) KCK(kdt_sgemm_cfg(cfg, KDT_SGEMM_INT4, x, w, s, y, 1, N, K, 0, NULL)); /* int4: 2 x 4, the ring */
+    KCK(kdt_sgemm_cfg(5, KDT_SGEMM_INT4, x, w, s, y, 1, N, K, 0, NULL)); /* int4: 2 x 4 */
     for (int f = 1; f < 3; f++) KCK(kdt_qgemm_with(KDT_QGEMM_STREAM, f == 2, x, w, s, y, 1, N, K, NULL));
     CK(cudaDeviceSynchronize());
-    printf("profiled kdt_sgemm bf16, fp8, int4, int4 cfgs 5 and 6, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N,
+    printf("profiled kdt_sgemm bf16, fp8, int4, int4 cfg 5, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N,
            K);
     return 0;
 }
@@ -226,12 +226,12 @@ int main(int argc, char **argv) {
     bench_emit(out, "- read-only kernel over the same 1 GiB (16-byte loads, 4 in flight a thread): %.0f GB/s\n\n", read_gbs);
     bench_emit(out, "GB/s counts the weights and their scales once per launch; all times are CUDA graphs of 24 launches. "
                     "sgemm: kdt_sgemm with the cfg it picks; old: quant_gemm's streaming kernel (fp8, int4) or cuBLAS (bf16); "
-                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 .. 6: kdt_sgemm with that cfg forced "
+                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 .. 5: kdt_sgemm with that cfg forced "
                     "(row tiles a warp x steps in flight: 1 x 4, 2 x 4, 1 x 8; 4, 5: int4 only, 1 x 8 and 2 x 4 with the "
-                    "quad transpose through shared memory; 6: 4 with the weights' ring in shared memory, every format).\n\n");
+                    "quad transpose through shared memory).\n\n");
     bench_emit(out, "| weight [N, K] | format | M | cfg | sgemm us | sgemm GB/s | sgemm of ceiling | old us | old of ceiling | "
-                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us | cfg 4 us | cfg 5 us | cfg 6 us |\n");
-    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us | cfg 4 us | cfg 5 us |\n");
+    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     Ctx c = {};
     BCK(cublasCreate(&c.blas));
     char extra[64][200]; /* the prefill rows and the dequantize kernels, printed after */
@@ -288,9 +288,9 @@ int main(int argc, char **argv) {
                     }
                     const double pct = 100 * gb / (tv[0] * 1e-6) / ceiling, pct_old = 100 * gb / (to * 1e-6) / ceiling;
                     tally(tal[f], large, pct);
-                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
                                sh.name, sh.N, sh.K, kFmtName[f], c.M, kdt_sgemm_auto_cfg((kdt_sgemm_fmt)f, c.M), tv[0],
-                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3], tv[4], tv[5], tv[6]);
+                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3], tv[4], tv[5]);
                 } else if (f && n_extra < 60) {
                     c.kernel = KDT_QGEMM_BASELINE;
                     const float tq = time_graph(run_qgemm, &c, st, nb), tp = time_graph(run_prefill, &c, st, nb);

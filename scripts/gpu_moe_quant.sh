@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Issue 23, the grouped quantized-expert kernels (src/model/cuda/moe_quant.cu), on a GPU machine in
-# under 2 minutes: builds (sm_90a) this tree and, beside it, the baseline (main from git where git has
+# under 170 s: builds (sm_90a) this tree and, beside it, the baseline (main from git where git has
 # it, else this tree without moe.cu's two dispatch lines to moe_quant; either way with this tree's
 # bench_model_quant.cu, so only the library differs); runs test_moe_quant (the kernels against the
 # CPU); dev/cuda/moe_quant_bench (one layer's routed experts at R = 1, 8, 32: main's kernel, the
 # library's and other splits / depths, against the copy ceiling); bench_model_quant (K2.6 layout,
 # INT4 experts) at batch 1, 8, 32 for both builds; ncu's per-kernel time and DRAM bytes of one batch-1
-# decode step (graphs off); test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward); then, if
-# time is left, ncu on the baseline and the DeepSeek-V3 FP8 layout for both. Logs in $OUT/logs,
+# decode step (graphs off); test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward) and
+# test_quant_gemm (quant_gemm, kdt_sgemm: every cfg against the CPU); then, if
+# time is left, ncu on the baseline, the DeepSeek-V3 FP8 layout for both, ncu of the FP8 kernels and the
+# dev bench's --exp rows (an INT4 experiment the library does not launch). Logs in $OUT/logs,
 # tables in $OUT; one "## " line per step, the summary last. No network: see scripts/gpu_deps.sh.
 set -u
 cd "$(dirname "$0")/.."
@@ -15,7 +17,7 @@ OUT=${OUT:-/tmp/kdt-moe-quant}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
-DEADLINE=${DEADLINE:-115}
+DEADLINE=${DEADLINE:-160}  # SCRIPT_BUDGET 170 s
 GB=${GB:-110}           # bench_model_quant --gb, K2.6 INT4: 12 layers (dense + 11 MoE), as docs/perf/quant.md's 8.0 ms run
 GB_FP8=${GB_FP8:-24}    # DeepSeek-V3 FP8: 2 layers
 source scripts/gpu_notes.sh  # note, step
@@ -41,7 +43,7 @@ note "baseline: $base_from"
 T="$BUILD/tests" B="$BUILD/bench/bench_model_quant" BB="$BASE/$BUILD/bench/bench_model_quant"
 (cd "$BASE" && timeout 90 make -j16 "${MAKEVARS[@]}" "$BUILD/bench/bench_model_quant" >"$LOGS/build_base.log" 2>&1) &
 base_pid=$!
-step build 90 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$B" "$BUILD/dev/moe_quant_bench" ||
+step build 100 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$T/test_quant_gemm" "$B" "$BUILD/dev/moe_quant_bench" ||
     grep -E 'error' "$LOGS/build.log" | head -20
 wait "$base_pid"
 note "build_base: exit $? ($LOGS/build_base.log)"
@@ -115,18 +117,36 @@ ncu_step ncu_new "$B"
 
 # ncu on the grouped kernels alone (the dev bench's first K2.6 INT4 call at R = 1: gate/up, down):
 # occupancy, issue and warp-state statistics.
-if command -v ncu >/dev/null && [ -x "$BUILD/dev/moe_quant_bench" ]; then
-    step ncu_moe 30 ncu --clock-control none --cache-control none -k regex:moe_quant_kernel -c 2 --section Occupancy \
-        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis "$BUILD/dev/moe_quant_bench" --only int4 --reps 1
-    grep -E 'moe_quant_kernel|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Memory Throughput|Registers Per' \
-        "$LOGS/ncu_moe.log" | sed -E 's/ +/ /g' | cut -c1-150 >"$OUT/ncu_moe.txt"
-    while read -r l; do note "ncu_moe: $l"; done <"$OUT/ncu_moe.txt"
-fi
+# ncu_moe: the library's (its first call, after main's kernel); ncu_moe_transpose: the "transpose" variant
+# (16-byte loads and the quad's shuffles), past the library's and its own-kernel row's 4 calls each (--reps 1:
+# one check, two warm-ups, one timed) of 2 launches.
+ncu_moe() { # ncu_moe NAME SKIP [FORMAT]
+    command -v ncu >/dev/null && [ -x "$BUILD/dev/moe_quant_bench" ] || return
+    step "$1" 30 ncu --clock-control none --cache-control none -k regex:moe_quant_kernel --launch-skip "$2" -c 2 --section Occupancy \
+        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,smsp__inst_executed.sum \
+        "$BUILD/dev/moe_quant_bench" --only "${3:-int4}" --reps 1
+    grep -E 'moe_quant_kernel|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Memory Throughput|Registers Per|dram__bytes_read|inst_executed' \
+        "$LOGS/$1.log" | sed -E 's/ +/ /g' | cut -c1-150 >"$OUT/$1.txt"
+    while read -r l; do note "$1: $l"; done <"$OUT/$1.txt"
+}
+ncu_moe ncu_moe 0
 tests test_quant_cuda 40
+tests test_quant_gemm 30  # quant_gemm and kdt_sgemm on quant_mma.cuh's int4 step, stream_gemm.cuh's cfgs
 ncu_step ncu_base "$BB"
 
+ncu_moe ncu_moe_transpose 16
 bench bmq_fp8_new "$B" --only fp8 --gb "$GB_FP8" --decode 8
 bench bmq_fp8_base "$BB" --only fp8 --gb "$GB_FP8" --decode 8
+ncu_moe ncu_moe_fp8 0 fp8
+
+# An experiment the library does not launch (moe_quant.cu's kSmem: INT4's ring of steps in shared memory),
+# beside the library's kernels, in a process of its own.
+if [ -x "$BUILD/dev/moe_quant_bench" ]; then
+    step moe_quant_bench_exp 20 "$BUILD/dev/moe_quant_bench" --only int4 --exp --out "$OUT/moe_quant_bench_exp.md" --reps 16
+    awk -F'|' '/^\| int4 \|/ { gsub(/^ +| +$/, "", $4); printf "exp %s R=%s %s: %s us (gate/up %s, down %s), %s of copy, ye vs main %s\n", $2, $3, $4, $7, $5, $6, $12, $13 }' \
+        "$OUT/moe_quant_bench_exp.md" 2>/dev/null | tr -s ' ' >"$OUT/moe_quant_bench_exp.txt"
+    while read -r l; do note "$l"; done <"$OUT/moe_quant_bench_exp.txt"
+fi
 
 echo
 echo "== summary (logs in $LOGS, tables in $OUT)"

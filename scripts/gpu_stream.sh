@@ -10,7 +10,7 @@
 #   bench_quant_gemm: kdt_sgemm beside the old path (quant_gemm's streaming kernel, cuBLAS for bf16) and
 #     cuBLAS on bf16 weights, M = 1, 8, 16, 32, Kimi's shapes; the copy ceiling of the same run; its
 #     summary line (shares of the ceiling and rows >= 75%, computed in C);
-#   ncu: kdt_sgemm at M = 1 on [18432, 7168] in bf16, fp8, int4 (the picked cfg, 5 and 6) and the old kernel
+#   ncu: kdt_sgemm at M = 1 on [18432, 7168] in bf16, fp8, int4 (the picked cfg and 5) and the old kernel
 #     in fp8, int4 (DRAM throughput, instructions, issue-active, occupancy, registers, warp stalls);
 #   bench_model, Kimi dims in bf16, batch 1 (decode and 16-row verify), default flags: the streaming kernel
 #     off (KDT_LIN_SGEMM_ROWS=0: quant_gemm, as before) and on (bf16 stays on cuBLAS: the two should agree);

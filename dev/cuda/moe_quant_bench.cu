@@ -9,10 +9,13 @@
  * and the variant's ye against main's kernel's (max |d| over max |ye|, on the first routing).
  *
  *   make BUILD=build build/dev/moe_quant_bench   (sm_90a; links build/libkdt.a)
- *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]
+ *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8] [--exp]
  *
- * Variants: "split S/D, B bytes": S (D) warps of a block split gate/up's (down's)
- * K, each lane keeps B bytes of weights in flight; "lib" is what kdt_moe_quant launches (one event
+ * Variants: "bits, split S/D, B bytes": moe_quant.cu's variant bits (direct: kDirect, INT4's lanes load the
+ * transposed words; transpose: 16 bytes and the quad's shuffles; down2: kDown2, down's warps own 32 columns),
+ * S (D) warps of a block split gate/up's (down's) K, each lane keeps B bytes of weights in flight beside the
+ * step it computes; --exp: INT4 alone, the library's kernels beside kSmem's shared-memory ring (an
+ * experiment the library does not launch); "lib" is what kdt_moe_quant launches (one event
  * around both launches: its gate/up column is 0). */
 #include <math.h>
 
@@ -27,6 +30,7 @@ namespace {
 constexpr int kHid = 7168, kInter = 2048, kTopk = 8, kPlans = 8, kMaxR = 32;
 FILE *g_out;
 int g_reps = 24;
+bool g_exp; /* --exp: kSmem's rows alone (INT4) */
 
 struct Layer {
     bool int4;
@@ -114,10 +118,10 @@ void run_base(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cu
     const int32_t *c = P.counts(plan), *o = c + L.E, *pm = o + L.E;
     const unsigned z = (unsigned)((R + kSliceRows - 1) / kSliceRows);
     const int gu_cols = kWarps * kW / 2, dn_cols = kWarps * kW;
-    moe_small_kernel<bf16, true, kRows><<<dim3(kInter / gu_cols, L.E, z), kThreads, 0, s>>>(b.x, pm, kTopk, c, o, wq<kInt4>(&L.gu), kHid,
+    moe_small_kernel<bf16, true, kRows><<<dim3(kInter / gu_cols, L.E, z), kThreads, 0, s>>>(b.x, pm, kTopk, c, o, wquant<kInt4>(&L.gu), kHid,
                                                                                         kInter, b.act, 0, false);
     CK(cudaEventRecord(mid, s));
-    moe_small_kernel<bf16, false, kRows><<<dim3(kHid / dn_cols, L.E, z), kThreads, 0, s>>>(b.act, pm, kTopk, c, o, wq<kInt4>(&L.dn), kInter,
+    moe_small_kernel<bf16, false, kRows><<<dim3(kHid / dn_cols, L.E, z), kThreads, 0, s>>>(b.act, pm, kTopk, c, o, wquant<kInt4>(&L.dn), kInter,
                                                                                        kHid, b.ye, 0, false);
 }
 template <bool kInt4>
@@ -128,16 +132,21 @@ void run_base_rows(const Layer &L, const Plans &P, int plan, int R, const Bufs &
 }
 
 /* A grouped variant: launch()'s two kernels with the event between them. */
-template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes>
+template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes, int kV>
 void run_grouped(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
     const int32_t *c = P.counts(plan), *o = c + L.E, *pm = o + L.E;
     const unsigned slots = (unsigned)std::min(R * kTopk, L.E);
-    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
-    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes><<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(
-        b.x, pm, kTopk, c, o, L.E, wq<kInt4>(&L.gu), kHid, kInter, b.act);
+    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * warp_cols<false, kV>();
+    auto gu = moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)>;
+    auto dn = moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV>;
+    constexpr int sm_gu = smem_bytes<kInt4, true, kLaneBytes, (kV & ~kDown2)>(), sm_dn = smem_bytes<kInt4, false, kLaneBytes, kV>();
+    if (sm_gu) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_gu)); /* kSmem: with the static part, past 48 KB */
+    if (sm_dn) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_dn));
+    gu<<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, sm_gu, s>>>(b.x, pm, kTopk, c, o, L.E, wquant<kInt4>(&L.gu), kHid, kInter,
+                                                                                b.act);
     CK(cudaEventRecord(mid, s));
-    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes><<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, 0, s>>>(
-        b.act, nullptr, kTopk, c, o, L.E, wq<kInt4>(&L.dn), kInter, kHid, b.ye);
+    dn<<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, sm_dn, s>>>(b.act, nullptr, kTopk, c, o, L.E, wquant<kInt4>(&L.dn), kInter,
+                                                                              kHid, b.ye);
 }
 void run_lib(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
     const int32_t *c = P.counts(plan);
@@ -204,12 +213,27 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("split 2/1, 128 B (lib)", run_grouped<kInt4, 2, 1, 128>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("split 2/2, 128 B", run_grouped<kInt4, 2, 2, 128>, L, P, R, b, ye_base, copy_bw, s);
-        if (kInt4) {
-            time_variant("split 4/2, 128 B", run_grouped<kInt4, 4, 2, 128>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64>, L, P, R, b, ye_base, copy_bw, s);
+        /* moe_quant.cu's variant bits (kDirect 2, kDown2 8); the library: INT4 kDirect, split 2/1, 64 B; FP8 kDown2, split 1/1, 128 B */
+        if constexpr (kInt4) {
+            if (g_exp) { /* --exp: the shared-memory ring (kSmem) beside the library's kernels */
+                time_variant("direct, split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("smem ring, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kSmem>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("smem ring, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kSmem>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("smem ring + down2, split 1/1, 192 B", run_grouped<kInt4, 1, 1, 192, kSmem | kDown2>, L, P, R, b, ye_base, copy_bw,
+                             s);
+            } else {
+                time_variant("direct, split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("transpose, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, 0>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("direct + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kDirect | kDown2>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("direct, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("direct, split 4/2, 64 B", run_grouped<kInt4, 4, 2, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
+            }
+        } else {
+            time_variant("down2, split 1/1, 128 B (lib)", run_grouped<kInt4, 1, 1, 128, kDown2>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, 0>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("down2, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kDown2>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("down2, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kDown2>, L, P, R, b, ye_base, copy_bw, s);
         }
         free(ye_base);
         CK(cudaFree(P.d));
@@ -225,8 +249,9 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--exp")) g_exp = true;
         else {
-            fprintf(stderr, "usage: moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]\n");
+            fprintf(stderr, "usage: moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8] [--exp]\n");
             return 2;
         }
     }

@@ -46,41 +46,75 @@ __device__ __forceinline__ void fp8_step(float (&acc)[kMT][4], const uint32_t (&
         for (int c = 0; c < 4; c++) acc[i][c] = fmaf(sc, part[i][c], acc[i][c]);
 }
 
-/* One 128-k INT4 step: v0, v1 the lane's 16 bytes (group t) of rows g and g + 8; groups from ng_left
- * on are past K. xat(i, G): the 8 x values at k kb + 32G + 8t ..; scl(G, h): group G's scale of row
- * g (h = 0) or g + 8. The quad transposes its loads so that one mma's k lie in one group. */
-template <int kMT, class X, class Sc>
-__device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
-    quad_transpose(v0, t); /* word G: lane t's 8 k of group G */
-    quad_transpose(v1, t);
-    const uint32_t q0[4] = {v0.x, v0.y, v0.z, v0.w}, q1[4] = {v1.x, v1.y, v1.z, v1.w};
+/* mma_frag.cuh's nib2_bf16x2 (n - 8) with (w >> 4i) & 0x000F000F | 0x43004300 in one lop3 (ptxas splits
+ * the C form into two, each taking one immediate): a shift, a lop3 and a bf16x2 subtraction. */
+__device__ __forceinline__ uint32_t nib2_bf16x2_lop3(uint32_t w, int i) {
+    uint32_t p;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(p) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u));
+    const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&p, __float2bfloat162_rn(136.f));
+    return *(const uint32_t *)&r;
+}
+
+/* One 128-k INT4 step of kA tiles of 16 rows against the same x: v0[a], v1[a] the lane's 16 bytes (group
+ * t) of tile a's rows g and g + 8; groups from ng_left on are past K. xat(i, G): the 8 x values at k
+ * kb + 32G + 8t ..; scl(a, G, h): tile a's group G scale of row g (h = 0) or g + 8. The quad transposes
+ * its loads so that one mma's k lie in one group; kLoaded: the lane loaded the transposed words itself
+ * (word G: bytes 4t .. 4t + 3 of group G). x's B operands are made once for the kA tiles. */
+template <int kMT, int kA, bool kLoaded, class X, class Sc>
+__device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 (&v0)[kA], uint4 (&v1)[kA], int t, int ng_left, X xat,
+                                                Sc scl) {
+    if constexpr (!kLoaded) {
+#pragma unroll
+        for (int a = 0; a < kA; a++) {
+            quad_transpose(v0[a], t); /* word G: lane t's 8 k of group G */
+            quad_transpose(v1[a], t);
+        }
+    }
 #pragma unroll
     for (int G = 0; G < 4; G++) {
         if (G >= ng_left) break;
-        const float sa = scl(G, 0), sb = scl(G, 1);
-        float part[kMT][4] = {};
-        uint4 xv[kMT];
+        uint32_t b[kMT][2][2]; /* x rows of tile i, mma h: the B operand (k pairs as the A words below) */
 #pragma unroll
-        for (int i = 0; i < kMT; i++) xv[i] = xat(i, G);
-        /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
+        for (int i = 0; i < kMT; i++) {
+            const uint4 xv = xat(i, G);
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t a0 = nib2_bf16x2(q0[G], 2 * h), a1 = nib2_bf16x2(q1[G], 2 * h);
-            const uint32_t a2 = nib2_bf16x2(q0[G], 2 * h + 1), a3 = nib2_bf16x2(q1[G], 2 * h + 1);
-#pragma unroll
-            for (int i = 0; i < kMT; i++) {
-                const uint32_t lo = h ? xv[i].y : xv[i].x, hi = h ? xv[i].w : xv[i].z;
-                mma(part[i], a0, a1, a2, a3, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+            for (int h = 0; h < 2; h++) {
+                const uint32_t lo = h ? xv.y : xv.x, hi = h ? xv.w : xv.z;
+                b[i][h][0] = __byte_perm(lo, hi, 0x5410), b[i][h][1] = __byte_perm(lo, hi, 0x7632);
             }
         }
 #pragma unroll
-        for (int i = 0; i < kMT; i++) {
-            acc[i][0] = fmaf(sa, part[i][0], acc[i][0]);
-            acc[i][1] = fmaf(sa, part[i][1], acc[i][1]);
-            acc[i][2] = fmaf(sb, part[i][2], acc[i][2]);
-            acc[i][3] = fmaf(sb, part[i][3], acc[i][3]);
+        for (int a = 0; a < kA; a++) {
+            const uint32_t w0 = G == 0 ? v0[a].x : G == 1 ? v0[a].y : G == 2 ? v0[a].z : v0[a].w;
+            const uint32_t w1 = G == 0 ? v1[a].x : G == 1 ? v1[a].y : G == 2 ? v1[a].z : v1[a].w;
+            float part[kMT][4] = {};
+            /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t a0 = nib2_bf16x2_lop3(w0, 2 * h), a1 = nib2_bf16x2_lop3(w1, 2 * h);
+                const uint32_t a2 = nib2_bf16x2_lop3(w0, 2 * h + 1), a3 = nib2_bf16x2_lop3(w1, 2 * h + 1);
+#pragma unroll
+                for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, b[i][h][0], b[i][h][1]);
+            }
+            const float sa = scl(a, G, 0), sb = scl(a, G, 1);
+#pragma unroll
+            for (int i = 0; i < kMT; i++) {
+                acc[a][i][0] = fmaf(sa, part[i][0], acc[a][i][0]);
+                acc[a][i][1] = fmaf(sa, part[i][1], acc[a][i][1]);
+                acc[a][i][2] = fmaf(sb, part[i][2], acc[a][i][2]);
+                acc[a][i][3] = fmaf(sb, part[i][3], acc[a][i][3]);
+            }
         }
     }
+}
+
+/* One 128-k INT4 step of one tile (int4_step_tiles with kA = 1): v0, v1 the lane's 16 bytes (group t) of
+ * rows g and g + 8; scl(G, h). */
+template <int kMT, class X, class Sc>
+__device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
+    uint4 a0[1] = {v0}, a1[1] = {v1};
+    int4_step_tiles<kMT, 1, false>(*reinterpret_cast<float(*)[1][kMT][4]>(&acc), a0, a1, t, ng_left, xat,
+                                          [&](int, int G, int h) { return scl(G, h); });
 }
 
 } // namespace

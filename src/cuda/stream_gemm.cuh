@@ -5,8 +5,7 @@
  * Swap AB: a warp owns kTR tiles of 16 weight rows, the A operand of mma.sync m16n8k16 (bf16, f32
  * accumulation), and x's rows are the B operand, 8 per mma column tile, so one mma covers 16 weight
  * rows x 8 tokens and the weights are read and converted once for all M rows. Each lane streams its
- * weights kD steps ahead, straight into registers (or, kRing, into its own slots of a shared-memory ring
- * by cp.async: fewer registers): per step, one 16-byte load (L1 bypassed) of each of its rows g and
+ * weights kD steps ahead, straight into registers: per step, one 16-byte load (L1 bypassed) of each of its rows g and
  * g + 8 per row tile, the quad's four loads 64 contiguous bytes of the row (whole sectors). No block
  * barrier in the loop; x (small, read by every warp of the SM) comes through L1. Inside an mma the order of k is free as long as A and B agree, so lane t's k are its own
  * 16 bytes and x is read (and permuted by prmt) at the same k:
@@ -34,12 +33,9 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 template <int kFmt> constexpr int step_k() { return kFmt == KDT_SGEMM_BF16 ? 32 : kFmt == KDT_SGEMM_FP8 ? 64 : 128; }
 
 /* cfg -> (row tiles a warp, steps in flight, int4's quad transpose through shared memory and ldmatrix
- * instead of shuffles, the weights' ring in shared memory through cp.async instead of registers); cfg 0 is
- * "pick"; cfgs 4 and 5 are 3 and 2 but for the transpose (int4 only); cfg 6 is 4 with the ring in shared
- * memory (every format). */
-constexpr int kCfgTR[KDT_SGEMM_CFGS] = {0, 1, 2, 1, 1, 2, 1}, kCfgD[KDT_SGEMM_CFGS] = {0, 4, 4, 8, 8, 4, 8};
-constexpr bool kCfgLdsm[KDT_SGEMM_CFGS] = {false, false, false, false, true, true, true};
-constexpr bool kCfgRing[KDT_SGEMM_CFGS] = {false, false, false, false, false, false, true};
+ * instead of shuffles); cfg 0 is "pick"; cfgs 4 and 5 are 3 and 2 but for the transpose (int4 only). */
+constexpr int kCfgTR[KDT_SGEMM_CFGS] = {0, 1, 2, 1, 1, 2}, kCfgD[KDT_SGEMM_CFGS] = {0, 4, 4, 8, 8, 4};
+constexpr bool kCfgLdsm[KDT_SGEMM_CFGS] = {false, false, false, false, true, true};
 
 /* 16 bytes of W, read once: L1 bypassed, L2 asked for the 256-byte span around it; zeros when !in. */
 __device__ __forceinline__ uint4 ld_w(const uint8_t *p, bool in) {
@@ -213,7 +209,7 @@ __device__ __forceinline__ uint2 int4_scales(const uint16_t *__restrict__ s16, i
 
 /* y [M, N] (+)= x [M, K] . dequant(w)^T. Grid (ceil(N / (64 kTR)), S), clusters of (1, S, 1) when S > 1:
  * block y = rank = slice of K. Rows past N and x rows past M are read clamped and never written. */
-template <int kFmt, int kTR, int kMT, int kD, bool kLdsm, bool kRing>
+template <int kFmt, int kTR, int kMT, int kD, bool kLdsm>
 __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
                                                       const void *__restrict__ scale, float *__restrict__ y, int M, int N, int K,
                                                       int accumulate) {
@@ -221,8 +217,6 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
     static_assert(128 % (16 * kTR) == 0, "a warp's rows in one FP8 block row");
     __shared__ float red[8 * kMT * (kRows + 4)];
     __shared__ uint4 tbuf[kLdsm ? kWarps * kTR * 2 * 32 : 1]; /* int4's transposes, 2 kTR slots of 32 a warp */
-    /* kRing: each lane's weight loads [warp][slot d][r][h][lane], copied and read back by that lane alone */
-    __shared__ uint4 wring[kRing ? kWarps * kD * kTR * 2 * 32 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * kRows, nw = n0 + warp * 16 * kTR, S = gridDim.y, rank = blockIdx.y;
     const int steps = (K + kK - 1) / kK, c0 = rank * steps / S, c1 = (rank + 1) * steps / S;
@@ -245,8 +239,7 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
 #pragma unroll
     for (int i = 0; i < kMT; i++) xr[i] = x + (size_t)min(8 * i + g, M - 1) * K;
 
-    uint4 wv[kRing ? 1 : kD][kTR][2];
-    uint4 *const ring = wring + (kRing ? warp * kD * kTR * 2 * 32 + lane : 0);
+    uint4 wv[kD][kTR][2];
     float fs[kD];
     uint2 is[kD][kTR][2];
     auto load = [&](int c, int d) { /* step c into ring slot d */
@@ -255,12 +248,10 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
         for (int r = 0; r < kTR; r++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                if constexpr (kRing) cp16<false>(ring + ((d * kTR + r) * 2 + h) * 32, in ? wr[r][h] + 64ll * c : wr[r][h], in);
-                else wv[d][r][h] = ld_w(wr[r][h] + 64ll * c, in);
+                wv[d][r][h] = ld_w(wr[r][h] + 64ll * c, in);
                 if constexpr (kFmt == KDT_SGEMM_INT4) is[d][r][h] = live ? int4_scales(s16, row[r][h], c, ng, svec) : make_uint2(0, 0);
             }
         if constexpr (kFmt == KDT_SGEMM_FP8) fs[d] = live ? __ldg(sf + c / 2) : 0.f;
-        if constexpr (kRing) asm volatile("cp.async.commit_group;" ::: "memory");
     };
 
     float acc[kTR][kMT][4] = {};
@@ -271,18 +262,10 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
         for (int d = 0; d < kD; d++) {
             if (c + d < c1) {
                 uint4 v[kTR][2];
-                if constexpr (kRing) {
-                    asm volatile("cp.async.wait_group %0;" ::"n"(kD - 1) : "memory"); /* this lane's copies of step c + d */
 #pragma unroll
-                    for (int r = 0; r < kTR; r++)
+                for (int r = 0; r < kTR; r++)
 #pragma unroll
-                        for (int h = 0; h < 2; h++) v[r][h] = ring[((d * kTR + r) * 2 + h) * 32];
-                } else {
-#pragma unroll
-                    for (int r = 0; r < kTR; r++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) v[r][h] = wv[kRing ? 0 : d][r][h];
-                }
+                    for (int h = 0; h < 2; h++) v[r][h] = wv[d][r][h];
                 if constexpr (kFmt == KDT_SGEMM_BF16) step_bf16<kTR, kMT>(acc, v, xr, (c + d) * kK, K, t);
                 else if constexpr (kFmt == KDT_SGEMM_FP8) step_fp8<kTR, kMT>(acc, v, fs[d], xr, (c + d) * kK, K, t);
                 else step_int4<kTR, kMT, kLdsm>(acc, v, is[d], xr, (c + d) * kK, K, t, tbuf + (warp * kTR * 2) * 32);
@@ -291,7 +274,6 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
         }
     }
 
-    if constexpr (kRing) asm volatile("cp.async.wait_all;" ::: "memory"); /* no copy lands after the block leaves */
     if (S > 1) {
         tile_reduce<kTR, kMT, kWarps>(red, acc, y, M, N, 0, n0, accumulate != 0);
         return;
@@ -309,11 +291,11 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
             }
 }
 
-template <int kFmt, int kTR, int kMT, int kD, bool kLdsm, bool kRing>
+template <int kFmt, int kTR, int kMT, int kD, bool kLdsm>
 kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, int S,
                      cudaStream_t st, const char *what) {
     const int tiles = (N + 64 * kTR - 1) / (64 * kTR);
-    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm, kRing>, dim3(tiles, S), kThreads, 0, S, st,
+    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm>, dim3(tiles, S), kThreads, 0, S, st,
                                          (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y, M, N, K, accumulate);
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d blocks in clusters of %d: %s", what, tiles, S, S, cudaGetErrorString(e));
@@ -332,7 +314,7 @@ kdt_status k_split(int N, int K, int *S) {
         int dev = 0, sms = 0, per_sm = 0;
         KDT_CUDA_CHECK(cudaGetDevice(&dev));
         KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, 2, 2, 4, kFmt == KDT_SGEMM_INT4, false>,
+        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, 2, 2, 4, kFmt == KDT_SGEMM_INT4>,
                                                                      kThreads, 0));
         resident = sms * max(per_sm, 1);
     }
@@ -341,31 +323,30 @@ kdt_status k_split(int N, int K, int *S) {
     return KDT_OK;
 }
 
-template <int kFmt, int kTR, int kD, bool kLdsm, bool kRing>
+template <int kFmt, int kTR, int kD, bool kLdsm>
 kdt_status launch_cfg(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st,
                       const char *what) {
     int S = 1;
     KDT_TRY(k_split<kFmt>(N, K, &S));
     switch ((M + 7) / 8) {
-    case 1: return launch_mt<kFmt, kTR, 1, kD, kLdsm, kRing>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    case 2: return launch_mt<kFmt, kTR, 2, kD, kLdsm, kRing>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    case 3: return launch_mt<kFmt, kTR, 3, kD, kLdsm, kRing>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    default: return launch_mt<kFmt, kTR, 4, kD, kLdsm, kRing>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    case 1: return launch_mt<kFmt, kTR, 1, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    case 2: return launch_mt<kFmt, kTR, 2, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    case 3: return launch_mt<kFmt, kTR, 3, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    default: return launch_mt<kFmt, kTR, 4, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
     }
 }
 
 template <int kFmt>
 kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate,
                       cudaStream_t st, const char *what) {
-    if (kFmt != KDT_SGEMM_INT4 && (cfg == 4 || cfg == 5)) cfg -= 2; /* the transpose is int4's alone */
-#define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c] && kFmt == KDT_SGEMM_INT4, kCfgRing[c]>
+    /* cfgs 4 and 5 of bf16 and fp8 are 3 and 2 (the kLdsm term below): the transpose is int4's alone */
+#define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c] && kFmt == KDT_SGEMM_INT4>
     switch (cfg) {
     case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, accumulate, st, what);
     case 2: return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, accumulate, st, what);
     case 3: return KDT_SGEMM_CFG(3)(x, w, scale, y, M, N, K, accumulate, st, what);
     case 4: return KDT_SGEMM_CFG(4)(x, w, scale, y, M, N, K, accumulate, st, what);
-    case 5: return KDT_SGEMM_CFG(5)(x, w, scale, y, M, N, K, accumulate, st, what);
-    default: return KDT_SGEMM_CFG(6)(x, w, scale, y, M, N, K, accumulate, st, what);
+    default: return KDT_SGEMM_CFG(5)(x, w, scale, y, M, N, K, accumulate, st, what);
     }
 #undef KDT_SGEMM_CFG
 }

@@ -26,9 +26,8 @@ kdt_status kdt_sgemm(kdt_sgemm_fmt fmt, const void *x, const void *w, const void
 
 /* kdt_sgemm with the kernel's shape named (bench_quant_gemm's variants): cfg 0 picks by M as
  * kdt_sgemm does; 1 .. KDT_SGEMM_CFGS - 1 force one (row tiles a warp x steps in flight a lane: 1 x 4,
- * 2 x 4, 1 x 8; 4 and 5: 1 x 8 and 2 x 4 with int4's transpose through shared memory, else as 3 and 2;
- * 6: 4 with the weights' ring in shared memory, every format). */
-#define KDT_SGEMM_CFGS 7
+ * 2 x 4, 1 x 8; 4 and 5: 1 x 8 and 2 x 4 with int4's transpose through shared memory, else as 3 and 2). */
+#define KDT_SGEMM_CFGS 6
 kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N,
                          int32_t K, int accumulate, void *stream);
 /* The cfg kdt_sgemm picks for M rows (the bench prints it): every cfg gives the same bits. */

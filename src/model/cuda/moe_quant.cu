@@ -14,6 +14,8 @@
  * g and g + 8 (whole 32-byte sectors per instruction) and the step's scales kU steps ahead into
  * registers, about 4 KB a warp in flight; a step's token rows (x, from L2 mostly) are read at once
  * at its start. Each output is one warp's sum (or its parts' in order): deterministic. */
+#include <type_traits>
+
 #include "common/cuda/cuda_common.cuh"
 #include "cuda/quant_mma.cuh"
 #include "model/cuda/moe_quant.h"
@@ -54,6 +56,72 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int 
     return found;
 }
 
+/* Variants (kV bits; the dev bench times them, docs/perf/quant.md): kDirect (INT4): each lane loads 4 bytes
+ * of each of the step's 4 groups, the words int4_step_tiles needs, in place of 16 bytes and the quad's
+ * transpose; kDown2: down's warps own 32 columns (warp_cols); kSmem (INT4, an experiment the library does
+ * not launch): the ring of steps in shared memory, each lane cp.async-ing its own 16-byte pieces and its
+ * rows' 8 bytes of scales a step and reading back only those (no barrier), so that the steps in flight
+ * cost no registers. */
+constexpr int kDirect = 2, kDown2 = 8, kSmem = 16;
+
+/* n of kBytes (4 or 8; n = 0 .. kBytes, zero-filled past n) from global to shared, through L1 (a row's
+ * scales serve the quad's 4 lanes). */
+template <int kBytes>
+__device__ __forceinline__ void cp_ca(void *dst, const void *src, int n) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(kBytes), "r"(n) : "memory");
+}
+
+/* Output columns a warp of the kernel owns: gate/up 16 (two A tiles, gate and up rows); down 16, or 32
+ * with kDown2 (two A tiles of adjacent columns: half the warps, so that at batch 1 a layer's down is one
+ * wave of resident warps instead of 1.7). */
+template <bool kGateUp, int kV> constexpr int warp_cols() { return kGateUp || !(kV & kDown2) ? 16 : 32; }
+
+/* kSmem's ring: slots of steps a warp (1 + kLaneBytes / a lane's step bytes, as the register ring), and
+ * the block's dynamic shared memory: per warp and slot, kA x 2 rows x 32 lanes of 16 code bytes + 8 scale
+ * bytes. */
+template <bool kInt4, bool kGateUp, int kLaneBytes, int kV> constexpr int smem_slots() {
+    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16, kStep = kA * 2 * 16;
+    return 1 + (kLaneBytes / kStep > 1 ? kLaneBytes / kStep : 1);
+}
+template <bool kInt4, bool kGateUp, int kLaneBytes, int kV> constexpr int smem_bytes() {
+    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16;
+    return kInt4 && (kV & kSmem) ? kQWarps * smem_slots<kInt4, kGateUp, kLaneBytes, kV>() * kA * 2 * 32 * 24 : 0;
+}
+
+/* T at p + kOff, for a step wholly inside K (no bounds check): ld.global.nc with the 256-byte L2 prefetch,
+ * L1 bypassed (kL1: through L1, for the scales, which a row's next steps read again). The immediate offset
+ * keeps one address register for a row's pieces. */
+template <class T, bool kL1 = false, int kOff = 0>
+__device__ __forceinline__ T ldw(const uint8_t *p) {
+    if constexpr (sizeof(T) == 16) {
+        uint4 v;
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4+%5];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "n"(kOff));
+        return v;
+    } else if constexpr (sizeof(T) == 4 && kL1) {
+        uint32_t v;
+        asm volatile("ld.global.nc.L2::256B.u32 %0, [%1+%2];" : "=r"(v) : "l"(p), "n"(kOff));
+        return v;
+    } else if constexpr (sizeof(T) == 4) {
+        uint32_t v;
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1+%2];" : "=r"(v) : "l"(p), "n"(kOff));
+        return v;
+    } else {
+        static_assert(sizeof(T) == 2 && kL1, "ldw: 16 / 4-byte weights, 4 / 2-byte scales");
+        unsigned short v;
+        asm volatile("ld.global.nc.L2::256B.u16 %0, [%1+%2];" : "=h"(v) : "l"(p), "n"(kOff));
+        return v;
+    }
+}
+/* ldw where the step is wholly inside K (kFull: in is true), else the piece at p + kOff or zeros where !in (the
+ * last step of an odd K). */
+template <bool kFull, class T, bool kL1 = false, int kOff = 0>
+__device__ __forceinline__ T ldp(const uint8_t *p, bool in) {
+    if constexpr (kFull) return ldw<T, kL1, kOff>(p);
+    else return in ? __ldcs((const T *)(p + kOff)) : T{};
+}
+
 /* What a lane holds of one step, per A tile a: rows g and g + 8 (h), INT4 bytes 16t .. 16t + 15 of the
  * row's 64-byte step (group t), FP8 bytes 16t .. and 64 + 16t .. of its 128-byte step; s: INT4 group
  * t's bf16 scales of rows g (low half) and g + 8 (high), FP8 the tile's block scale (f32 bits). */
@@ -62,20 +130,20 @@ template <bool kInt4, int kA> struct QStage {
     uint32_t s[kA];
 };
 
-/* One warp: columns col0 .. col0 + 15 of expert e against its rows r_beg .. r_beg + 7 (those below cnt;
+/* One warp: columns col0 .. col0 + 15 (down with kDown2: + 31, two A tiles) of expert e against its rows r_beg .. r_beg + 7 (those below cnt;
  * the mma's 8 columns), at assignment places off + row, over part ks of kSplit of the 128-k steps (the
  * kSplit warps of a column group sum their partials through red in part order, and part 0 writes).
  * kGateUp: in = x [*, n_in] (row perm[place] / topk), out = act [*, n_out] bf16; else in = act
  * [*, n_in] (row = place), out = ye [*, n_out] f32. kLaneBytes: weight bytes a lane keeps in flight.
- * n_out % 16 == 0: a live warp's 16 columns are all in range (a dead one, col0 >= n_out, reads the
- * last 16 and writes nothing), so rows g + 8 are rows g's plus 8 rows. */
-template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes>
+ * n_out % 16 == 0: a live tile's 16 columns are all in range (a dead one, past n_out, reads the last
+ * 16 and writes nothing), so rows g + 8 are rows g's plus 8 rows. */
+template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes, int kV>
 __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, const WQuant<kInt4> &w,
                                             int e, int off, int r_beg, int cnt, int n_in, int n_out, int col0, int ks, float *red,
                                             void *out) {
-    constexpr int kA = kGateUp ? 2 : 1, kMT = 1;
+    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16, kMT = 1;
     constexpr int kStepBytes = kA * 2 * (kInt4 ? 16 : 32); /* a lane's weight bytes of one step */
-    constexpr int kU = kLaneBytes / kStepBytes > 1 ? kLaneBytes / kStepBytes : 1; /* steps in flight */
+    constexpr int kU = 1 + (kLaneBytes / kStepBytes > 1 ? kLaneBytes / kStepBytes : 1); /* ring: in flight + the computed one */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int nsteps = (n_in + kQStep - 1) / kQStep, ng = n_in / 32;
     const int s_beg = ks * nsteps / kSplit, s_end = (ks + 1) * nsteps / kSplit;
@@ -83,37 +151,48 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     const uint8_t *wr[kA], *sr[kA]; /* row g's codes and scales (FP8: its block row's) */
 #pragma unroll
     for (int a = 0; a < kA; a++) {
-        const int col = min(col0, n_out - kQCols) + g;
-        const typename WQuant<kInt4>::Row r = w.row(e, 0, (size_t)(a ? n_out + col : col), 0);
+        const int col = min(col0 + (kGateUp ? 0 : 16 * a), n_out - kQCols) + g;
+        const typename WQuant<kInt4>::Row r = w.row(e, 0, (size_t)(kGateUp && a ? n_out + col : col), 0);
         wr[a] = r.w, sr[a] = r.s;
     }
     const int xrow = r_beg + g;
     const bf16 *xr = xrow < cnt ? in + (size_t)(kGateUp && perm ? perm[off + xrow] / topk : off + xrow) * n_in : nullptr;
 
-    /* Past K or the part the pieces are zero (x there too): K % 16 == 0, so a 16-byte piece is all in or all out. */
-    auto load = [&](QStage<kInt4, kA> &st, int s) {
-        const int lim = s < s_end ? n_in : 0;
+    /* The lane's pieces of step s: rows (a, h) at pw[a][h] + s * kRowStep (+ 16 G: INT4 kDirect's group G;
+     * + 64: FP8's second piece), INT4 scales at ps[a][h] + 8 s (group 4 s + t), FP8's at ps[a][0] + 4 s.
+     * Steps past the part are not loaded (never computed); past K (a step of an odd K) they are zeros. */
+    constexpr int kRowStep = kInt4 ? kQStep / 2 : kQStep;
+    constexpr bool kDir = kInt4 && (kV & kDirect);
+    const int s_full = n_in / kQStep; /* steps wholly inside K */
+    const uint8_t *pw[kA][2], *ps[kA][2];
+#pragma unroll
+    for (int a = 0; a < kA; a++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) pw[a][h] = wr[a] + h * w8 + (kDir ? 4 : 16) * t, ps[a][h] = kInt4 ? sr[a] + h * s8 + 2 * t : sr[a];
+    auto load_step = [&](auto full, QStage<kInt4, kA> &st, int s) { /* full: std::true_type where s < s_full */
+        constexpr bool kFull = decltype(full)::value;
+        const int o = s * kRowStep, lim = kInt4 ? n_in / 2 : n_in; /* lim: bytes of a row */
 #pragma unroll
         for (int a = 0; a < kA; a++) {
             uint32_t sc = 0;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                if constexpr (kInt4) {
-                    const int o = s * (kQStep / 2) + 16 * t;
-                    st.w[a][h][0] = o < lim / 2 ? __ldcs((const uint4 *)(wr[a] + h * w8 + o)) : make_uint4(0, 0, 0, 0);
-                    const int gi = s * 4 + t;
-                    sc |= (gi < lim / 32 ? (uint32_t)__ldcs((const unsigned short *)(sr[a] + h * s8) + gi) : 0u) << (16 * h);
-                } else {
-#pragma unroll
-                    for (int l = 0; l < 2; l++) {
-                        const int o = s * kQStep + 64 * l + 16 * t;
-                        st.w[a][h][l] = o < lim ? __ldcs((const uint4 *)(wr[a] + h * w8 + o)) : make_uint4(0, 0, 0, 0);
-                    }
-                }
+                const uint8_t *p = pw[a][h] + o;
+                if constexpr (kDir)
+                    st.w[a][h][0] = make_uint4(ldp<kFull, uint32_t>(p, o < lim), ldp<kFull, uint32_t, false, 16>(p, o + 16 < lim),
+                                               ldp<kFull, uint32_t, false, 32>(p, o + 32 < lim), ldp<kFull, uint32_t, false, 48>(p, o + 48 < lim));
+                else st.w[a][h][0] = ldp<kFull, uint4>(p, o + 16 * t < lim);
+                if constexpr (!kInt4) st.w[a][h][1] = ldp<kFull, uint4, false, 64>(p, o + 64 + 16 * t < lim);
+                if constexpr (kInt4) sc |= (uint32_t)ldp<kFull, unsigned short, true>(ps[a][h] + 8 * s, 4 * s + t < n_in / 32) << (16 * h);
             }
-            if constexpr (!kInt4) sc = lim ? __float_as_uint(__ldcs((const float *)sr[a] + s)) : 0u;
+            if constexpr (!kInt4) sc = ldp<kFull, uint32_t, true>(ps[a][0] + 4 * s, true);
             st.s[a] = sc;
         }
+    };
+    auto load = [&](QStage<kInt4, kA> &st, int s) {
+        if (s >= s_end) return;
+        if (s < s_full) load_step(std::true_type(), st, s);
+        else load_step(std::false_type(), st, s);
     };
     float acc[kA][kMT][4] = {};
     auto compute = [&](const QStage<kInt4, kA> &st, int s) {
@@ -128,15 +207,21 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
             xv[0][u] = xr && k < n_in ? __ldg((const uint4 *)(xr + k)) : make_uint4(0, 0, 0, 0);
         }
         auto xat = [&](int i, int u) { return xv[i][u]; };
+        if constexpr (kInt4) {
+            uint32_t sw[kA][4]; /* tile a's group G scales, from lane G of the quad */
+            uint4 v0[kA], v1[kA];
 #pragma unroll
-        for (int a = 0; a < kA; a++) {
-            if constexpr (kInt4) {
-                uint32_t sw[4]; /* group G's scales, from lane G of the quad */
+            for (int a = 0; a < kA; a++) {
+                v0[a] = st.w[a][0][0], v1[a] = st.w[a][1][0];
 #pragma unroll
-                for (int G = 0; G < 4; G++) sw[G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
-                int4_step<kMT>(acc[a], st.w[a][0][0], st.w[a][1][0], t, ng - kb / 32, xat,
-                               [&](int G, int h) { return bf16_bits((uint16_t)(h ? sw[G] >> 16 : sw[G])); });
-            } else {
+                for (int G = 0; G < 4; G++) sw[a][G] = __shfl_sync(0xffffffffu, st.s[a], (lane & ~3) | G);
+            }
+            int4_step_tiles<kMT, kA, kDir>(acc, v0, v1, t, ng - kb / 32, xat, [&](int a, int G, int h) {
+                return bf16_bits((uint16_t)(h ? sw[a][G] >> 16 : sw[a][G]));
+            });
+        } else {
+#pragma unroll
+            for (int a = 0; a < kA; a++) {
                 const uint4(&p)[2] = st.w[a][0], (&q)[2] = st.w[a][1];
                 const uint32_t q0[8] = {p[0].x, p[0].y, p[0].z, p[0].w, p[1].x, p[1].y, p[1].z, p[1].w};
                 const uint32_t q1[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
@@ -145,16 +230,66 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         }
     };
 
-    QStage<kInt4, kA> ring[kU];
+    if constexpr (kInt4 && (kV & kSmem)) {
+        static_assert(!(kV & kDirect), "kSmem copies 16-byte pieces (the quad transposes them)");
+        /* n_in % 128 == 0 here (K2.6's sizes: the dev bench's): a row's scales are 8-byte aligned.
+         * Slot d of this warp: codes [kA][2][32] uint4, then scales [kA][2][32] uint2; step s in slot s % kD. */
+        constexpr int kD = smem_slots<kInt4, kGateUp, kLaneBytes, kV>(), kSlot = kA * 2 * 32 * 24;
+        extern __shared__ __align__(16) uint8_t qsm[];
+        uint8_t *const ring = qsm + (size_t)(threadIdx.x / 32) * kD * kSlot;
+        auto codes = [&](int d, int a, int h) { return (uint4 *)(ring + d * kSlot) + (a * 2 + h) * 32 + lane; };
+        auto scales = [&](int d, int a, int h) { return (uint2 *)(ring + d * kSlot + kA * 2 * 32 * 16) + (a * 2 + h) * 32 + lane; };
+        const int lim = n_in / 2;
+        auto issue = [&](int s) {
+            if (s < s_end) {
+                const int o = s * kRowStep, left = ng - 4 * s;
 #pragma unroll
-    for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
-    for (int s0 = s_beg; s0 < s_end; s0 += kU) {
+                for (int a = 0; a < kA; a++)
 #pragma unroll
-        for (int u = 0; u < kU; u++) {
-            if (s0 + u >= s_end) break;
-            const QStage<kInt4, kA> cur = ring[u];
-            load(ring[u], s0 + u + kU);
-            compute(cur, s0 + u);
+                    for (int h = 0; h < 2; h++) {
+                        const bool in = o + 16 * t < lim;
+                        cp16<false>(codes(s % kD, a, h), in ? pw[a][h] + o : pw[a][h], in);
+                        cp_ca<8>(scales(s % kD, a, h), ps[a][h] - 2 * t + 8 * s, 2 * (left < 4 ? max(left, 0) : 4));
+                    }
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
+        for (int d = 0; d < kD - 1; d++) issue(s_beg + d);
+        for (int s = s_beg; s < s_end; s++) {
+            issue(s + kD - 1);
+            asm volatile("cp.async.wait_group %0;" ::"n"(kD - 1) : "memory"); /* this lane's copies of step s */
+            const int kb = s * kQStep, d = s % kD;
+            uint4 xv[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int k = kb + 32 * u + 8 * t;
+                xv[u] = xr && k < n_in ? __ldg((const uint4 *)(xr + k)) : make_uint4(0, 0, 0, 0);
+            }
+            uint4 v0[kA], v1[kA];
+            uint2 sc[kA][2];
+#pragma unroll
+            for (int a = 0; a < kA; a++) {
+                v0[a] = *codes(d, a, 0), v1[a] = *codes(d, a, 1);
+                sc[a][0] = *scales(d, a, 0), sc[a][1] = *scales(d, a, 1);
+            }
+            int4_step_tiles<kMT, kA, false>(acc, v0, v1, t, ng - kb / 32, [&](int, int u) { return xv[u]; }, [&](int a, int G, int h) {
+                const uint32_t wd = G < 2 ? sc[a][h].x : sc[a][h].y;
+                return bf16_bits((uint16_t)(G & 1 ? wd >> 16 : wd));
+            });
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory"); /* no copy lands after the warp moves on */
+    } else {
+        /* A slot is refilled as soon as its step is computed (no copy of it: the registers are the ring's). */
+        QStage<kInt4, kA> ring[kU];
+#pragma unroll
+        for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
+        for (int s0 = s_beg; s0 < s_end; s0 += kU) {
+#pragma unroll
+            for (int u = 0; u < kU; u++) {
+                if (s0 + u >= s_end) break;
+                compute(ring[u], s0 + u);
+                load(ring[u], s0 + u + kU);
+            }
         }
     }
 
@@ -175,46 +310,50 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     }
     /* c0, c1: row g, x rows 2t, 2t + 1 of the tile; c2, c3: row g + 8. */
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
-        const int col = col0 + g + (c >= 2 ? 8 : 0), row = r_beg + 2 * t + (c & 1);
-        if (col >= n_out || row >= cnt) continue;
-        const size_t p = (size_t)off + row;
-        if constexpr (kGateUp) ((bf16 *)out)[p * n_out + col] = __float2bfloat16_rn(silu(acc[0][0][c]) * acc[1][0][c]);
-        else ((float *)out)[p * n_out + col] = acc[0][0][c];
-    }
+    for (int a = 0; a < (kGateUp ? 1 : kA); a++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int col = col0 + 16 * a + g + (c >= 2 ? 8 : 0), row = r_beg + 2 * t + (c & 1);
+            if (col >= n_out || row >= cnt) continue;
+            const size_t p = (size_t)off + row;
+            if constexpr (kGateUp) ((bf16 *)out)[p * n_out + col] = __float2bfloat16_rn(silu(acc[0][0][c]) * acc[1][0][c]);
+            else ((float *)out)[p * n_out + col] = acc[a][0][c];
+        }
 }
 
-/* Grid (ceil(n_out / (16 kQWarps / kSplit)), slots): block (x, j) runs the j-th expert with rows (see
+/* Grid (ceil(n_out / (warp_cols kQWarps / kSplit)), slots): block (x, j) runs the j-th expert with rows (see
  * expert_cols; warp w: column group w / kSplit, part w % kSplit), its rows 8 at a time (the weights read
  * again for each 8 past the first: rare at decode sizes, where an expert mostly has 1 or 2).
  * kGateUp: w [E, 2 n_out, n_in]; else [E, n_out, n_in]. 4 blocks an SM (at most 128 registers a
  * thread): 16 warps. */
-template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes>
+template <bool kInt4, bool kGateUp, int kSplit, int kLaneBytes, int kV>
 __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
                                                                 const int32_t *__restrict__ counts, const int32_t *__restrict__ offs,
                                                                 int E, const WQuant<kInt4> w, int n_in, int n_out, void *out) {
-    __shared__ float red[kSplit > 1 ? kQWarps * (kGateUp ? 2 : 1) * 4 * 32 : 1];
+    __shared__ float red[kSplit > 1 ? kQWarps * (kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16) * 4 * 32 : 1];
     const int warp = threadIdx.x / 32, ks = warp % kSplit;
-    const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * kQCols;
+    const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * warp_cols<kGateUp, kV>();
     if (kSplit == 1 && col0 >= n_out) return;
     int cnt = 0;
     const int e = nth_active(counts, E, blockIdx.y, &cnt);
     if (e < 0) return;
     const int off = offs[e];
-    for (int r = 0; r < cnt; r += 8) expert_cols<kInt4, kGateUp, kSplit, kLaneBytes>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
+    for (int r = 0; r < cnt; r += 8) expert_cols<kInt4, kGateUp, kSplit, kLaneBytes, kV>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
 }
 
 /* Both launches; kSplitGU / kSplitDown: warps that split the K of gate/up (K = hidden) and down (K = I). */
-template <bool kInt4, int kSplitGU = 2, int kSplitDown = 1, int kLaneBytes = 128>
+template <bool kInt4, int kSplitGU, int kSplitDown, int kLaneBytes, int kV>
 kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const kdt_dlin *gu,
                   const kdt_dlin *dn, int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
     const int32_t E = gu->n;
-    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * kQCols;
+    const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * warp_cols<false, kV>();
     const unsigned slots = (unsigned)(R * K < E ? R * K : E);
-    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps,
+                                                                          smem_bytes<kInt4, true, kLaneBytes, (kV & ~kDown2)>(), s>>>(
         x, perm, K, counts, offs, E, wquant<kInt4>(gu), hid, I, act);
     KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
-    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
+    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps,
+                                                                 smem_bytes<kInt4, false, kLaneBytes, kV>(), s>>>(
         (const bf16 *)act, nullptr, K, counts, offs, E, wquant<kInt4>(dn), I, hid, ye);
     KDT_CUDA_CHECK_LAUNCH("moe_quant down");
     return KDT_OK;
@@ -236,6 +375,6 @@ extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *per
                         "hidden, intermediate sizes that are multiples of 16 (FP8) or 32 (INT4): hidden %d, intermediate %d", hid, I);
     if (R < 1 || K < 1) return KDT_OK;
     if (gate_up->fmt == KDT_WFMT_INT4)
-        return launch<true>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
-    return launch<false>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+        return launch<true, 2, 1, 64, kDirect>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
+    return launch<false, 1, 1, 128, kDown2>(R, (const bf16 *)x, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
 }
