@@ -750,6 +750,67 @@ static int same_or_near_tie(kdt_model *cpu, const char *what, int32_t B, int32_t
     return ok;
 }
 
+/* Lookup with its candidates copied to device memory (host_candidates 0): the loop then builds and
+ * accepts its trees with the CUDA kernels, where the lookup drafter itself has them built and
+ * accepted on the host. */
+typedef struct devlk {
+    kdt_drafter *inner;
+    size_t dk;                  /* D * K */
+    float *sc;                  /* [slots, D, K] host staging */
+    int32_t *tk;
+} devlk;
+
+static kdt_status devlk_begin(void *state, const kdt_draft_setup *set) {
+    devlk *w = state;
+    free(w->sc);
+    free(w->tk);
+    w->dk = (size_t)set->D * set->K;
+    w->sc = malloc(set->slots * w->dk * sizeof *w->sc);
+    w->tk = malloc(set->slots * w->dk * sizeof *w->tk);
+    return w->sc && w->tk ? w->inner->begin(w->inner->state, set) : KDT_ERR_NOMEM;
+}
+
+static kdt_status devlk_propose(void *state, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens) {
+    devlk *w = state;
+    kdt_status s = w->inner->propose(w->inner->state, ctx, w->sc, w->tk);
+    const size_t n = (size_t)ctx->B * w->dk;
+    if (s == KDT_OK) s = kdt_dev_h2d(scores, w->sc, n * sizeof *scores);
+    return s == KDT_OK ? kdt_dev_h2d(tokens, w->tk, n * sizeof *tokens) : s;
+}
+
+static kdt_status devlk_observe(void *state, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb) {
+    devlk *w = state;
+    return w->inner->observe(w->inner->state, ctx, fb);
+}
+
+/* The lookup run just made (req's outputs, stats) again with its trees built and accepted on the
+ * device: the same tokens, steps and acceptance, bit for bit. */
+static void check_device_tree(kdt_model *m, kdt_drafter *lk, const kdt_spec_params *p, int32_t B, const kdt_spec_request *req,
+                              const kdt_spec_stats *st, const char *what) {
+    devlk w = {.inner = lk};
+    kdt_drafter d = {.name = "lookup (device tree)", .state = &w, .begin = devlk_begin, .propose = devlk_propose,
+                     .observe = devlk_observe};
+    kdt_spec_request r2[8];
+    int32_t out[8][64];
+    int same = B <= 8;
+    for (int32_t b = 0; same && b < B; b++) {
+        same = req[b].max_new <= 64;
+        r2[b] = req[b];
+        r2[b].out = out[b];
+        for (int32_t i = 0; i < 64; i++) out[b][i] = POISON;
+    }
+    kdt_spec_stats st2;
+    kdt_status s = same ? kdt_spec_generate(m, &d, p, B, r2, &st2, NULL) : KDT_ERR_INVALID_ARG;
+    for (int32_t b = 0; s == KDT_OK && same && b < B; b++)
+        same = r2[b].n_out == req[b].n_out && !memcmp(out[b], req[b].out, (size_t)req[b].n_out * sizeof **out);
+    if (s != KDT_OK) kt_fail("%s, trees on the device: %s", what, kdt_last_error());
+    else kt_check(same && st2.steps == st->steps && st2.accepted == st->accepted && st2.drafted == st->drafted,
+                  "%s: trees built and accepted on the device give the host's tokens, %lld steps (%lld), %lld accepted (%lld)",
+                  what, (long long)st2.steps, (long long)st->steps, (long long)st2.accepted, (long long)st->accepted);
+    free(w.sc);
+    free(w.tk);
+}
+
 /* On the device, f32 and bf16: speculative decoding against plain greedy decoding on the same
  * device, and greedy against the CPU model of the same dtype (bf16: the CPU's emulation, which rounds
  * what the device stores in bf16), each equal or parting only at a near-tie. */
@@ -822,6 +883,7 @@ static void check_cuda(void) {
             kt_check(same_or_near_tie(cpu, what, B, prompts, P, got, ref, n_ref, tol[v]) && (r == 0 || stats.accepted > 0),
                      "%s: equals greedy on the device, or parts only at a near-tie; mean accepted %.2f", what,
                      (double)stats.accepted / (stats.request_steps ? stats.request_steps : 1));
+            if (r == 0) check_device_tree(m, lk, &p, B, req, &stats, what);
         }
         kdt_drafter_free(lk);
         kdt_drafter_free(self);

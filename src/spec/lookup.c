@@ -20,8 +20,6 @@ typedef struct lookup {
     int32_t *head;              /* [slots, NGRAM, HASH_SIZE] newest entry of each bucket, -1 none */
     int32_t *prev;              /* [slots, NGRAM, max_len] the bucket's entry before e */
     int32_t *indexed;           /* [slots] entries e < indexed[s] are in the index */
-    float *scores;              /* [slots, D, K] host staging (CUDA) */
-    int32_t *tokens;            /* [slots, D, K] */
     int32_t *path;              /* [D] the top candidate of each depth so far */
     int32_t cand[MATCH_MAX], count[MATCH_MAX];
 } lookup;
@@ -33,23 +31,20 @@ static uint32_t bucket(const int32_t *t, int32_t n) {
 }
 
 static void lookup_release(lookup *L) {
-    free(L->head); free(L->prev); free(L->indexed); free(L->scores); free(L->tokens); free(L->path);
-    L->head = L->prev = L->indexed = L->tokens = L->path = NULL;
-    L->scores = NULL;
+    free(L->head); free(L->prev); free(L->indexed); free(L->path);
+    L->head = L->prev = L->indexed = L->path = NULL;
 }
 
 static kdt_status lookup_begin(void *state, const kdt_draft_setup *set) {
     lookup *L = state;
     lookup_release(L);
     L->set = *set;
-    const size_t S = (size_t)set->slots, dk = (size_t)set->D * set->K;
+    const size_t S = (size_t)set->slots;
     L->head = malloc(S * NGRAM * HASH_SIZE * sizeof *L->head);
     L->prev = malloc(S * NGRAM * (size_t)set->max_len * sizeof *L->prev);
     L->indexed = calloc(S, sizeof *L->indexed);
-    L->scores = malloc(S * dk * sizeof *L->scores);
-    L->tokens = malloc(S * dk * sizeof *L->tokens);
     L->path = malloc((size_t)set->D * sizeof *L->path);
-    if (!L->head || !L->prev || !L->indexed || !L->scores || !L->tokens || !L->path) {
+    if (!L->head || !L->prev || !L->indexed || !L->path) {
         lookup_release(L);
         return kdt_fail(KDT_ERR_NOMEM, "lookup drafter: out of memory for %d slots of %d tokens", set->slots, set->max_len);
     }
@@ -135,17 +130,13 @@ static void propose_one(lookup *L, int32_t s, const int32_t *hist, int32_t len, 
         }
 }
 
+/* Host memory on every backend (host_candidates). */
 static kdt_status lookup_propose(void *state, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens) {
     lookup *L = state;
     const size_t dk = (size_t)L->set.D * L->set.K;
-    const int host = L->set.backend == KDT_BACKEND_CPU;
     for (int32_t b = 0; b < ctx->B; b++)
-        propose_one(L, ctx->slot[b], ctx->history[b], ctx->hist_len[b], (host ? scores : L->scores) + b * dk,
-                    (host ? tokens : L->tokens) + b * dk);
-    if (host) return KDT_OK;
-    kdt_status s = kdt_spec_copy(scores, L->scores, (size_t)ctx->B * dk * sizeof *scores, KDT_SPEC_H2D, L->set.stream);
-    if (s == KDT_OK) s = kdt_spec_copy(tokens, L->tokens, (size_t)ctx->B * dk * sizeof *tokens, KDT_SPEC_H2D, L->set.stream);
-    return s;
+        propose_one(L, ctx->slot[b], ctx->history[b], ctx->hist_len[b], scores + b * dk, tokens + b * dk);
+    return KDT_OK;
 }
 
 static kdt_status lookup_observe(void *state, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb) {
@@ -183,7 +174,7 @@ kdt_status kdt_drafter_lookup(kdt_drafter **out) {
         free(L);
         return kdt_fail(KDT_ERR_NOMEM, "drafter_lookup: out of memory");
     }
-    *d = (kdt_drafter){.name = "lookup", .state = L, .begin = lookup_begin, .propose = lookup_propose,
+    *d = (kdt_drafter){.name = "lookup", .state = L, .host_candidates = 1, .begin = lookup_begin, .propose = lookup_propose,
                        .observe = lookup_observe, .reset = lookup_reset, .destroy = lookup_destroy};
     *out = d;
     return KDT_OK;

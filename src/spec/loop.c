@@ -55,6 +55,15 @@ struct kdt_spec_session {
     void *tree_io;
     int32_t *tree_aux;          /* [6, B, Q]: node_parent, node_depth, node_cand, first_child, next_sibling, node_score */
     int32_t *pred;              /* [B, Q] */
+    /* A drafter with host_candidates on CUDA: its candidates, the tree (tree_aux's host twin) and the
+     * acceptance stay on the host in a greedy step; only target_pred comes back (host_tree). */
+    int host_tree;
+    float *h_scores;            /* [B, D, K] */
+    int32_t *h_dtok;            /* [B, D, K] */
+    int32_t *h_aux;             /* [6, B, Q] */
+    /* KDT_SPEC_PROFILE: CUDA events around each forward (stats t_forward_dev). */
+    void *span;
+    int profile;
     int32_t *acc;
     float *logits;              /* [B * Q, V] */
     float *hidden;              /* [B * Q, hidden] when the drafter wants it */
@@ -90,7 +99,7 @@ static double now_s(void) {
 
 /* Adds the time since *t to *acc (after the stream drains, when asked to) and restarts *t. */
 static kdt_status lap(loop *L, double *t, double *acc) {
-    if (L->be == KDT_BACKEND_CUDA && L->p.sync_timing) {
+    if (L->be == KDT_BACKEND_CUDA && (L->p.sync_timing || L->profile)) {
         kdt_status s = kdt_spec_stream_sync(L->stream);
         if (s != KDT_OK) return s;
     }
@@ -146,6 +155,8 @@ static void loop_free(loop *L) {
     host_free(L, L->h_gidx, L->gidx); free(L->h_dtemp); free(L->h_dseed); host_free(L, L->h_samp, L->samp); host_free(L, L->h_one, L->one);
     host_free(L, L->h_tree_io, L->tree_io); host_free(L, L->h_roots, L->roots); host_free(L, L->h_pred, L->pred);
     host_free(L, L->h_acc, L->acc);
+    free(L->h_scores); free(L->h_dtok); free(L->h_aux);
+    kdt_spec_span_free(L->span);
     free(L->f_tok); free(L->f_pos); free(L->f_mask);
     free(L->c_req); free(L->c_len); free(L->c_idx);
     for (int32_t b = 0; L->hist && b < L->B; b++) free(L->hist[b]);
@@ -206,6 +217,11 @@ static kdt_status loop_alloc(loop *L, int32_t num_blocks) {
     L->h_tree_io = host_alloc(L, L->tree_io, tree_io_bytes(L->B, L->Q), &s);
     L->h_roots = host_alloc(L, L->roots, 2 * B * sizeof(int32_t), &s);
     L->h_acc = host_alloc(L, L->acc, (2 * B + 2 * B * Q) * sizeof(int32_t), &s);
+    if (L->host_tree) {
+        L->h_scores = host_alloc(L, NULL, B * dk * sizeof(float), &s);
+        L->h_dtok = host_alloc(L, NULL, B * dk * sizeof(int32_t), &s);
+        L->h_aux = host_alloc(L, NULL, 6 * B * Q * sizeof(int32_t), &s);
+    }
     return s;
 }
 
@@ -246,11 +262,16 @@ static kdt_draft_ctx ctx_of(const loop *L) {
     return (kdt_draft_ctx){.B = L->Ba, .slot = L->act, .history = L->act_hist, .hist_len = L->act_len};
 }
 
+/* timed: a step's forward, whose device time KDT_SPEC_PROFILE measures. */
 static kdt_status forward(loop *L, const int32_t *tokens, const int32_t *pos, const uint8_t *mask, kdt_logits_rows rows,
-                          float *hidden) {
+                          float *hidden, int timed) {
     const kdt_batch bt = {.B = L->Ba, .req = L->act, .n_rows = L->n_rows, .tokens = tokens, .positions = pos,
                           .tree_mask = mask, .logits_rows = rows};
-    return kdt_model_forward(L->m, L->cache, &bt, L->logits, hidden, L->stream);
+    timed = timed && L->profile;
+    kdt_status s = timed ? kdt_spec_span_begin(&L->span, L->stream) : KDT_OK;
+    if (s == KDT_OK) s = kdt_model_forward(L->m, L->cache, &bt, L->logits, hidden, L->stream);
+    if (s == KDT_OK && timed) s = kdt_spec_span_end(L->span, L->stream, &L->st->t_forward_dev);
+    return s;
 }
 
 /* target_pred [Ba, Q] (backend memory) from the logits: request a's row i is row
@@ -343,7 +364,7 @@ static kdt_status prefill(loop *L) {
     }
     for (int32_t a = 0; a < L->Ba; a++)
         memcpy(tok + L->row_start[a], L->reqs[L->act[a]]->prompt + L->filled[L->act[a]], (size_t)L->n_rows[a] * sizeof *tok);
-    s = forward(L, tok, NULL, NULL, KDT_LOGITS_LAST, hidden);
+    s = forward(L, tok, NULL, NULL, KDT_LOGITS_LAST, hidden, 0);
     free(tok);
     if (s == KDT_OK) s = next_tokens(L);
     /* Keeps only the requests whose prompt is now cached, with their first token. */
@@ -400,8 +421,16 @@ static kdt_status draft(loop *L) {
         ctx.seed = L->h_dseed;
         ctx.probs = L->probs;
     }
-    return L->dr->propose(L->dr->state, &ctx, L->scores, L->dtok);
+    if (!L->host_tree) return L->dr->propose(L->dr->state, &ctx, L->scores, L->dtok);
+    kdt_status s = L->dr->propose(L->dr->state, &ctx, L->h_scores, L->h_dtok);
+    if (s != KDT_OK || !L->sampling) return s;
+    const size_t n = (size_t)L->Ba * L->D * L->K; /* a sampled step builds and accepts on the device */
+    if ((s = to_backend(L, L->scores, L->h_scores, n * sizeof(float))) != KDT_OK) return s;
+    return to_backend(L, L->dtok, L->h_dtok, n * sizeof(int32_t));
 }
+
+/* Whether this step's tree is built and accepted on the host (host_tree, greedy). */
+static int host_step(const loop *L) { return L->host_tree && !L->sampling; }
 
 /* Per-step views of the backend blocks, laid out for Ba requests. */
 typedef struct views {
@@ -423,17 +452,18 @@ static kdt_status build_tree(loop *L) {
         L->h_roots[a] = L->act_hist[a][L->act_len[a] - 1];
         L->h_roots[Ba + a] = L->act_len[a] - 1;
     }
-    kdt_status s = to_backend(L, L->roots, L->h_roots, 2 * (size_t)Ba * sizeof(int32_t));
+    const int host = host_step(L);
+    kdt_status s = host ? KDT_OK : to_backend(L, L->roots, L->h_roots, 2 * (size_t)Ba * sizeof(int32_t));
     if (s != KDT_OK) return s;
-    const views v = tree_views(L, L->tree_io, L->acc);
-    int32_t *aux = L->tree_aux;
+    const views v = host ? tree_views(L, L->h_tree_io, L->h_acc) : tree_views(L, L->tree_io, L->acc);
+    int32_t *aux = host ? L->h_aux : L->tree_aux, *roots = host ? L->h_roots : L->roots;
     const size_t bq = (size_t)Ba * Q;
-    const kdt_tree_build_params p = {.B = Ba, .D = L->D, .K = L->K, .budget = L->N, .scores = L->scores, .tokens = L->dtok,
-                                     .root_token = L->roots, .seq_len = L->roots + Ba, .num_nodes = v.num_nodes,
+    const kdt_tree_build_params p = {.B = Ba, .D = L->D, .K = L->K, .budget = L->N, .scores = host ? L->h_scores : L->scores,
+                                     .tokens = host ? L->h_dtok : L->dtok, .root_token = roots, .seq_len = roots + Ba, .num_nodes = v.num_nodes,
                                      .node_token = v.node_token, .node_parent = aux, .node_depth = aux + bq,
                                      .node_cand = aux + 2 * bq, .node_score = (float *)(aux + 5 * bq), .positions = v.positions,
                                      .tree_mask = v.mask, .first_child = aux + 3 * bq, .next_sibling = aux + 4 * bq};
-    return kdt_tree_build(&p, L->be, L->stream);
+    return kdt_tree_build(&p, host ? KDT_BACKEND_CPU : L->be, L->stream);
 }
 
 /* Rows per request of a padded verify. Sampling: Q (tree_sample_accept reads Q rows per request).
@@ -454,7 +484,7 @@ static int32_t pad_rows(const loop *L, const int32_t *num_nodes) {
  * and tree_sample_accept take as they are; else the argmax reads each request's rows where they are. */
 static kdt_status verify(loop *L) {
     const int32_t Ba = L->Ba, Q = L->Q, pad = L->p.pad_tree || L->sampling;
-    kdt_status s = to_host(L, L->h_tree_io, L->tree_io, tree_io_bytes(Ba, Q));
+    kdt_status s = host_step(L) ? KDT_OK : to_host(L, L->h_tree_io, L->tree_io, tree_io_bytes(Ba, Q));
     if (s != KDT_OK) return s;
     const views v = tree_views(L, L->h_tree_io, L->h_acc);
     for (int32_t a = 0; a < Ba; a++)
@@ -478,7 +508,7 @@ static kdt_status verify(loop *L) {
         R += n;
         moff += (int64_t)n * n;
     }
-    if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden)) != KDT_OK) return s;
+    if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden, 1)) != KDT_OK) return s;
     for (int32_t a = 0; a < Ba; a++) L->st->drafted += v.num_nodes[a];
     return L->sampling ? KDT_OK : argmax(L, Q, rows != Q);
 }
@@ -523,13 +553,20 @@ static kdt_status accept(loop *L) {
             p.draft_probs = L->draft_probs;
         }
         if (s == KDT_OK) s = kdt_tree_sample_accept(&p, L->be, L->stream);
+    } else if (host_step(L)) { /* target_pred is the one copy to the host */
+        const views h = tree_views(L, L->h_tree_io, L->h_acc);
+        const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = h.node_token, .node_parent = L->h_aux,
+                                          .num_nodes = h.num_nodes, .target_pred = L->h_pred, .accept_len = h.accept_len,
+                                          .accept_index = h.accept_index, .accept_tokens = h.accept_tokens, .status = h.status};
+        s = to_host(L, L->h_pred, L->pred, (size_t)Ba * Q * sizeof(int32_t));
+        if (s == KDT_OK) s = kdt_tree_accept(&p, KDT_BACKEND_CPU, NULL);
     } else {
         const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = v.node_token, .node_parent = L->tree_aux,
                                           .num_nodes = v.num_nodes, .target_pred = L->pred, .accept_len = v.accept_len,
                                           .accept_index = v.accept_index, .accept_tokens = v.accept_tokens, .status = v.status};
         s = kdt_tree_accept(&p, L->be, L->stream);
     }
-    if (s == KDT_OK) s = to_host(L, L->h_acc, L->acc, (2 * (size_t)Ba + 2 * (size_t)Ba * Q) * sizeof(int32_t));
+    if (s == KDT_OK && !host_step(L)) s = to_host(L, L->h_acc, L->acc, (2 * (size_t)Ba + 2 * (size_t)Ba * Q) * sizeof(int32_t));
     if (s != KDT_OK) return s;
     const views h = tree_views(L, L->h_tree_io, L->h_acc);
     for (int32_t a = 0; a < Ba; a++) {
@@ -549,18 +586,35 @@ static kdt_status accept(loop *L) {
     return KDT_OK;
 }
 
-/* kdt_cache_commit once per distinct row count (one call with pad_tree). */
+/* Whether request a's kept rows are already in place: accept_index[t] == t along the path (a chain
+ * always is, and so is a tree's best path while tree_build numbered it first). */
+static int kept_in_place(const loop *L, const views *h, int32_t a) {
+    const int32_t *idx = h->accept_index + (size_t)a * L->Q;
+    for (int32_t t = 0; t <= h->accept_len[a]; t++)
+        if (idx[t] != t) return 0;
+    return 1;
+}
+
+/* The cache keeps each request's root and accepted rows. Rows already in place need no move, only
+ * the length cut (kv_commit would copy nothing, and on CUDA it costs blocking copies and a launch
+ * per layer); the others go through kdt_cache_commit once per distinct row count. */
 static kdt_status commit(loop *L) {
     const int32_t Ba = L->Ba, Q = L->Q;
     const views h = tree_views(L, L->h_tree_io, L->h_acc);
     for (int32_t a = 0; a < Ba; a++) {
         const int32_t n = L->n_rows[a];
+        if (kept_in_place(L, &h, a)) {
+            const int32_t slot = L->act[a];
+            kdt_status s = kdt_cache_truncate(L->cache, slot, kdt_cache_len(L->cache, slot) - n + 1 + h.accept_len[a]);
+            if (s != KDT_OK) return s;
+            continue;
+        }
         int first = 1;
-        for (int32_t e = 0; e < a && first; e++) first = L->n_rows[e] != n;
+        for (int32_t e = 0; e < a && first; e++) first = L->n_rows[e] != n || kept_in_place(L, &h, e);
         if (!first) continue;
         int32_t Bg = 0;
         for (int32_t e = a; e < Ba; e++) {
-            if (L->n_rows[e] != n) continue;
+            if (L->n_rows[e] != n || kept_in_place(L, &h, e)) continue;
             L->c_req[Bg] = L->act[e];
             L->c_len[Bg] = h.accept_len[e];
             memcpy(L->c_idx + (size_t)Bg * n, h.accept_index + (size_t)e * Q, (size_t)n * sizeof *L->c_idx);
@@ -597,7 +651,7 @@ static kdt_status greedy_step(loop *L) {
     double t = now_s();
     for (int32_t a = 0; a < L->Ba; a++) L->n_rows[a] = 1;
     for (int32_t a = 0; a < L->Ba; a++) L->f_tok[a] = L->act_hist[a][L->act_len[a] - 1];
-    kdt_status s = forward(L, L->f_tok, NULL, NULL, KDT_LOGITS_LAST, NULL);
+    kdt_status s = forward(L, L->f_tok, NULL, NULL, KDT_LOGITS_LAST, NULL, 1);
     if (s == KDT_OK) s = next_tokens(L);
     if (s != KDT_OK) return s;
     for (int32_t a = 0; a < L->Ba; a++) {
@@ -644,6 +698,8 @@ kdt_status kdt_spec_session_create(kdt_model *m, kdt_drafter *dr, const kdt_spec
                 .hid = cf->hidden_size * (n_layers > 0 ? n_layers : 1), .hidden_layers = n_layers > 0};
     L->st = &L->stats;
     L->Q = L->N + 1;
+    L->host_tree = dr && dr->host_candidates && L->be == KDT_BACKEND_CUDA;
+    L->profile = L->be == KDT_BACKEND_CUDA && getenv("KDT_SPEC_PROFILE") && strcmp(getenv("KDT_SPEC_PROFILE"), "0") != 0;
     kdt_status s = loop_alloc(L, num_blocks);
     if (s == KDT_OK && n_layers > 0) s = kdt_model_set_hidden_layers(m, n_layers, dr->hidden_layers);
     if (s == KDT_OK && dr) {
