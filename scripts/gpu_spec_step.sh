@@ -24,7 +24,7 @@ DEADLINE=${DEADLINE:-170}
 MAIN_REF=${MAIN_REF:-main}
 BASE=${BASE:-/tmp/kdt-spec-step-main}
 MODEL=models/kdt-small
-SETTINGS=${SETTINGS:-"16,1,16 24,1,24 8,2,16 12,2,16"}
+SETTINGS=${SETTINGS:-"16,1,16 24,1,24 8,2,16"}
 MAKEVARS=(CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
 
