@@ -341,16 +341,17 @@ static void check_extras(const char *name, kdt_model *m, const reqset *rs) {
 
 /* ---- the lookup drafter against a brute-force count ---- */
 
-/* Depth by depth: every earlier occurrence of the context's last n-gram (n = 3, 2, 1, the first
- * with a match), its continuations ranked by count, then by latest occurrence. */
+/* Depth by depth: every earlier occurrence of the context's last n-gram (n = 4, 3, 2, 1, the first
+ * with a match; no draft at all when depth 0's is a single token), its continuations ranked by
+ * count, then by latest occurrence. */
 static void lookup_brute(const int32_t *hist, int32_t h, int32_t D, int32_t K, float *sc, int32_t *tk) {
     int32_t *ctx = malloc((size_t)(h + D) * sizeof *ctx);
     memcpy(ctx, hist, (size_t)h * sizeof *ctx);
     for (int32_t i = 0; i < D * K; i++) sc[i] = -INFINITY, tk[i] = 0;
     for (int32_t d = 0; d < D; d++) {
         const int32_t len = h + d;
-        int32_t cnt[64], last[64], tok[64], nc = 0, matches = 0;
-        for (int32_t n = 3; n >= 1 && matches == 0; n--) {
+        int32_t cnt[64], last[64], tok[64], nc = 0, matches = 0, n = 4;
+        for (; n >= 1 && matches == 0; n--) {
             if (len < n) continue;
             for (int32_t e = n - 1; e + 1 < h; e++) {
                 if (memcmp(hist + e - n + 1, ctx + len - n, (size_t)n * sizeof *ctx) != 0) continue;
@@ -362,7 +363,7 @@ static void lookup_brute(const int32_t *hist, int32_t h, int32_t D, int32_t K, f
                 matches++;
             }
         }
-        if (matches == 0) break;
+        if (matches == 0 || (d == 0 && n + 1 < 2)) break; /* n + 1: the n that matched */
         for (int32_t k = 0; k < K && k < nc; k++) {
             int32_t best = -1;
             for (int32_t c = 0; c < nc; c++)
