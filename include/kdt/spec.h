@@ -99,10 +99,11 @@ typedef struct kdt_drafter {
     void (*destroy)(void *state);
 } kdt_drafter;
 
-/* Prompt lookup, model-free: the last n-gram of history + the draft path so far (n = 3, then 2,
- * then 1) is looked up in the history; the tokens that followed it, ranked by how often (then
- * by how recently), are depth d's K candidates with log(count / matches) as scores; the top one
- * extends the path for depth d + 1. Computed on the host, written to host memory (host_candidates). */
+/* Prompt lookup, model-free: the last n-gram of history + the draft path so far (n = 4, 3, 2, 1:
+ * the longest that occurred before) is looked up in the history; the tokens that followed it,
+ * ranked by how often (then by how recently), are depth d's K candidates with log(count / matches)
+ * as scores; the top one extends the path for depth d + 1. No draft when depth 0's match is a
+ * single token. Computed on the host, written to host memory (host_candidates). */
 KDT_API kdt_status kdt_drafter_lookup(kdt_drafter **out);
 
 /* A draft model of the target's vocabulary run for D steps over its own paged cache (rolled back
