@@ -108,8 +108,16 @@ lines = ["| build | run | prompts | tokens | decode s | tokens/s | x own plain |
          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for v, r, n, tok, t, same, same_main, acc in rows:
     x = rate[v, r] / rate[v, "plain"] if rate[v, "plain"] else 0
-    nm = rate["new", r] / rate["main", r] if v == "new" and rate.get(("main", r)) else float("nan")
-    lines.append(f"| {v} | {r} | {n} | {tok} | {t:.3f} | {rate[v, r]:.1f} | {x:.2f}x | {nm:.2f} | {same}/{n} | {same_main}/{n} | {acc:.2f} |")
+    nm = f"{rate['new', r] / rate['main', r]:.2f}" if v == "new" and rate.get(("main", r)) else "-"
+    lines.append(f"| {v} | {r} | {n} | {tok} | {t:.3f} | {rate[v, r]:.1f} | {x:.2f}x | {nm} | {same}/{n} | {same_main}/{n} | {acc:.2f} |")
+for v in ("new", "main"):  # per prompt: lookup tokens/s over plain's, prompts that run past their first token
+    for r in runs[1:]:
+        xs = []
+        for i in range(8):
+            g, p = get(f"{r}_p{i}_{v}"), get(f"plain_p{i}_{v}")
+            if g and p and g[1] > 0 and p[1] > 0:
+                xs.append(f"p{i} {(g[0] / g[1]) / (p[0] / p[1]):.2f}x (acc {g[3]:.2f})")
+        lines.append(f"\n{v} {r} per prompt: " + ", ".join(xs))
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join("      " + l for l in lines))
 best = max((rate["new", r] / rate["new", "plain"], r) for r in runs[1:]) if rate.get(("new", "plain")) else (0, "?")
