@@ -20,36 +20,36 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kdt-spec-step}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS/gen"
-DEADLINE=${DEADLINE:-170}
-MAIN_REF=${MAIN_REF:-main}
-BASE=${BASE:-/tmp/kdt-spec-step-main}
-MODEL=models/kdt-small
-SETTINGS=${SETTINGS:-"16,1,16 24,1,24 8,2,16"}
-MAKEVARS=(CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
-source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
-
+: >"$OUT/summary.txt"
 npass=0 nfail=0 nskip=0
 source scripts/gpu_steps.sh  # say, step, test_counts
-: >"$OUT/summary.txt"
-say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); main $(git rev-parse --short "$MAIN_REF" 2>/dev/null || echo '?')"
+DEADLINE=${DEADLINE:-170}
+MODEL=models/kdt-small
+SETTINGS=${SETTINGS:-"16,1,16 24,1,24 8,2,16"}
+MAIN_REF=${MAIN_REF:-main}
+BASE=${BASE:-/tmp/kdt-spec-step-main}
+MAKEVARS=(CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
+source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
+say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); this tree $(git rev-parse --short HEAD 2>/dev/null || echo '?'), main $(git rev-parse --short "$MAIN_REF" 2>/dev/null || echo '?')"
 
-# 1. Builds, side by side.
+# 1. Main's tree ($MAIN_REF from git, else a copy of $MAIN_DIR), built beside this one.
 rm -rf "$BASE" && mkdir -p "$BASE"
-git archive "$MAIN_REF" 2>"$LOGS/main_src.log" | tar -x -C "$BASE" 2>>"$LOGS/main_src.log"
-if [ ! -f "$BASE/Makefile" ] && [ -f "${MAIN_DIR:-/work/main}/Makefile" ]; then  # no git here: a checkout of main's
-    tar -C "${MAIN_DIR:-/work/main}" --exclude=.git --exclude='./build*' -cf - . | tar -x -C "$BASE"
-fi
+{ git archive "$MAIN_REF" | tar -x -C "$BASE"; } 2>"$LOGS/main_src.log" || [ -f "$BASE/Makefile" ] ||
+    tar -C "${MAIN_DIR:-/work/main}" --exclude=.git --exclude='./build*' -cf - . 2>>"$LOGS/main_src.log" | tar -x -C "$BASE"
+main_pid=""
 if [ -f "$BASE/Makefile" ]; then
-    (cd "$BASE" && timeout 100 make -j8 "${MAKEVARS[@]}" BUILD=build build/kdt build/bench/bench_spec >"$LOGS/build_main.log" 2>&1) &
+    (cd "$BASE" && exec timeout 100 make -j8 "${MAKEVARS[@]}" BUILD=build build/kdt build/bench/bench_spec) >"$LOGS/build_main.log" 2>&1 &
     main_pid=$!
-else
-    say "SKIP  build_main: git archive $MAIN_REF failed ($(head -c 200 "$LOGS/main_src.log"))"
 fi
 step build 100 make -j12 "${MAKEVARS[@]}" BUILD=build build/kdt build/tests/test_spec build/bench/bench_spec ||
     tail -20 "$LOGS/build.log" | tee -a "$OUT/summary.txt"
-if [ -n "${main_pid:-}" ]; then
-    wait "$main_pid" && say "PASS  build_main ($SECONDS s since the start)" ||
-        { say "FAIL  build_main"; tail -10 "$LOGS/build_main.log" | tee -a "$OUT/summary.txt"; }
+if [ -z "$main_pid" ]; then
+    say "SKIP  build_main (no main tree: $(head -c 200 "$LOGS/main_src.log"))"
+elif wait "$main_pid"; then
+    say "PASS  build_main ($SECONDS s since the start)"
+else
+    say "FAIL  build_main"
+    tail -10 "$LOGS/build_main.log" | tee -a "$OUT/summary.txt"
 fi
 MAINKDT="$BASE/build/kdt"
 [ -x "$MAINKDT" ] || MAINKDT=""
@@ -121,8 +121,8 @@ for v in ("new", "main"):  # per prompt: lookup tokens/s over plain's, prompts t
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join("      " + l for l in lines))
 best = max((rate["new", r] / rate["new", "plain"], r) for r in runs[1:]) if rate.get(("new", "plain")) else (0, "?")
-eq = all(same == n for v, r, n, tok, t, same, same_main, acc in rows)
-print(f"{'PASS' if eq else 'FAIL'}  outputs: every run equals its build's plain greedy output: {eq}")
+eq = all(same == n for v, r, n, tok, t, same, same_main, acc in rows) and all(row[2] > 0 for row in rows if row[0] == "new")
+print(f"{'PASS' if eq else 'FAIL'}  outputs: every run ran and equals its build's plain greedy output")
 print(f"INFO  generate: best new lookup {best[1]} {best[0]:.2f}x new plain ({rate.get(('new', 'plain'), 0):.1f} tokens/s; main plain {rate.get(('main', 'plain'), 0):.1f})")
 EOF
 
