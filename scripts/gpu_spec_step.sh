@@ -5,13 +5,13 @@
 #   build      this tree and main's side by side, sm_90a only;
 #   test_spec  the loop on the device (lookup's trees built and accepted on the host against the
 #              device kernels' run, bit for bit; speculative against greedy);
-#   generate   kdt generate --backend cuda --model models/kdt-small --eos 1 --max-new 256 on the 8
-#              held-out prompts (as bench/llamacpp/run.sh), plain and lookup at $SETTINGS, new and main
-#              interleaved prompt by prompt; tokens/s = tokens over summed decode times; every output
-#              must equal its build's plain one and main's plain one;
 #   bench_spec --batches 1 --drafters oracle: main, new (same synchronized timing), new --no-sync;
 #   profile    KDT_SPEC_PROFILE=1 on new: the step's phases and the target forward's device time
-#              (CUDA events), plain and lookup, on the prompts that run past their first token.
+#              (CUDA events), plain and lookup, on two prompts that run past their first token;
+#   generate   kdt generate --backend cuda --model models/kdt-small --eos 1 --max-new 256 on the 8
+#              held-out prompts (as bench/llamacpp/run.sh), plain and lookup at $SETTINGS, new and main
+#              interleaved prompt by prompt, until 25 s before the deadline; tokens/s = tokens over
+#              summed decode times; every output must equal its build's plain one (and main's plain).
 # Prints PASS|FAIL|SKIP <step> (exit, s) per step, then INFO lines with the figures; the table in
 # $OUT/spec_step.md, logs in $OUT/logs, the summary in $OUT/summary.txt.
 #   OUT=/tmp/out bash scripts/gpu_spec_step.sh
@@ -25,7 +25,7 @@ npass=0 nfail=0 nskip=0
 source scripts/gpu_steps.sh  # say, step, test_counts
 DEADLINE=${DEADLINE:-170}
 MODEL=models/kdt-small
-SETTINGS=${SETTINGS:-"16,1,16 24,1,24 8,2,16"}
+SETTINGS=${SETTINGS:-"16,1,16 24,1,24 32,1,32 8,2,16"}
 MAIN_REF=${MAIN_REF:-main}
 BASE=${BASE:-/tmp/kdt-spec-step-main}
 MAKEVARS=(CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
@@ -58,7 +58,32 @@ MAINKDT="$BASE/build/kdt"
 step test_spec 40 build/tests/test_spec
 test_counts test_spec
 
-# 3. kdt generate on the held-out prompts, new and main interleaved.
+# 3. bench_spec, oracle at batch 1.
+bs() { # bs NAME BIN [args]
+    local name=$1 bin=$2; shift 2
+    [ -x "$bin" ] || return 0
+    step "bench_spec_$name" 30 "$bin" --batches 1 --drafters oracle --out "$OUT/bench_spec_$name.md" "$@" &&
+        grep -E '^\| 1 \|' "$OUT/bench_spec_$name.md" | sed "s/^/      $name /" | tee -a "$OUT/summary.txt"
+}
+bs main "$BASE/build/bench/bench_spec"
+bs new build/bench/bench_spec
+KDT_SPEC_PROFILE=1 bs new_profile build/bench/bench_spec
+bs new_nosync build/bench/bench_spec --no-sync
+
+# 4. The phases of a step on new, with the forward's device time (KDT_SPEC_PROFILE=1).
+for i in 0 3; do
+    ids=$(sed -n "$((i + 1))p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
+    for s in plain 16,1,16 8,2,16; do
+        args=()
+        [ $s = plain ] || { IFS=, read -r d k n <<<"$s"; args=(--spec lookup --depth "$d" --topk "$k" --budget "$n"); }
+        KDT_SPEC_PROFILE=1 step "profile_p${i}_${s//,/_}" 20 build/kdt generate --backend cuda --model "$MODEL" --eos 1 \
+            --max-new 256 --prompt-ids "$ids" "${args[@]}" &&
+            grep -h 'decode\|profile\|time per step\|mean accepted' "$LOGS/profile_p${i}_${s//,/_}.log" | sed 's/^kdt generate: /      /' |
+            tee -a "$OUT/summary.txt"
+    done
+done
+
+# 5. kdt generate on the held-out prompts, new and main interleaved.
 gen() { # gen NAME KDT IDS [args]: stdout (the ids) to gen/NAME.out, stderr to gen/NAME.err
     local name=$1 kdt=$2 ids=$3; shift 3
     [ -x "$kdt" ] || return 0
@@ -93,10 +118,13 @@ def get(name):
     a = re.search(r"mean accepted length ([0-9.]+)", err)
     return (int(m.group(1)), float(m.group(2)), ids, float(a.group(1)) if a else 0.0) if m else None
 rows, rate = [], {}
+builds = [v for v in ("new", "main") if get(f"plain_p0_{v}")]
+done = [i for i in range(8) if all(get(f"{r}_p{i}_{v}") for r in runs for v in builds)]  # prompts every run finished
+print(f"INFO  generate: prompts with every run of {' and '.join(builds) or 'no build'}: {done}")
 for v in ("new", "main"):
     for r in runs:
         tok = t = acc = 0; n = same = same_main = 0
-        for i in range(8):
+        for i in done:
             g, p, pm = get(f"{r}_p{i}_{v}"), get(f"plain_p{i}_{v}"), get(f"plain_p{i}_main")
             if not g or not p:
                 continue
@@ -125,30 +153,5 @@ eq = all(same == n for v, r, n, tok, t, same, same_main, acc in rows) and all(ro
 print(f"{'PASS' if eq else 'FAIL'}  outputs: every run ran and equals its build's plain greedy output")
 print(f"INFO  generate: best new lookup {best[1]} {best[0]:.2f}x new plain ({rate.get(('new', 'plain'), 0):.1f} tokens/s; main plain {rate.get(('main', 'plain'), 0):.1f})")
 EOF
-
-# 4. bench_spec, oracle at batch 1.
-bs() { # bs NAME BIN [args]
-    local name=$1 bin=$2; shift 2
-    [ -x "$bin" ] || return 0
-    step "bench_spec_$name" 30 "$bin" --batches 1 --drafters oracle --out "$OUT/bench_spec_$name.md" "$@" &&
-        grep -E '^\| 1 \|' "$OUT/bench_spec_$name.md" | sed "s/^/      $name /" | tee -a "$OUT/summary.txt"
-}
-bs main "$BASE/build/bench/bench_spec"
-bs new build/bench/bench_spec
-KDT_SPEC_PROFILE=1 bs new_profile build/bench/bench_spec
-bs new_nosync build/bench/bench_spec --no-sync
-
-# 5. The phases of a step on new, with the forward's device time (KDT_SPEC_PROFILE=1).
-for i in 0 3; do
-    ids=$(sed -n "$((i + 1))p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
-    for s in plain 16,1,16 8,2,16; do
-        args=()
-        [ $s = plain ] || { IFS=, read -r d k n <<<"$s"; args=(--spec lookup --depth "$d" --topk "$k" --budget "$n"); }
-        KDT_SPEC_PROFILE=1 step "profile_p${i}_${s//,/_}" 20 build/kdt generate --backend cuda --model "$MODEL" --eos 1 \
-            --max-new 256 --prompt-ids "$ids" "${args[@]}" &&
-            grep -h 'decode\|profile\|time per step\|mean accepted' "$LOGS/profile_p${i}_${s//,/_}.log" | sed 's/^kdt generate: /      /' |
-            tee -a "$OUT/summary.txt"
-    done
-done
 
 say "gpu_spec_step: $npass passed, $nfail failed, $nskip skipped in $SECONDS s (table: $OUT/spec_step.md, logs: $LOGS)"
