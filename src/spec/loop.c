@@ -441,7 +441,10 @@ static kdt_status verify(loop *L) {
     }
     if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden, 1)) != KDT_OK) return s;
     for (int32_t a = 0; a < Ba; a++) L->st->drafted += v.num_nodes[a];
-    return L->sampling ? KDT_OK : argmax(L, Q, rows != Q);
+    if (L->sampling) return KDT_OK;
+    /* A host step of one row each needs no row table on the device: target_pred [Ba] (accept spreads it). */
+    L->pred_q = host_step(L) && rows == 1 ? 1 : Q;
+    return L->pred_q == 1 ? argmax(L, 1, 0) : argmax(L, Q, rows != Q);
 }
 
 /* draft_probs [Ba, Q, V]: node i of request a (depth t = position - seq_len) gets the drafter's
@@ -489,7 +492,9 @@ static kdt_status accept(loop *L) {
         const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = h.node_token, .node_parent = L->h_aux,
                                           .num_nodes = h.num_nodes, .target_pred = L->h_pred, .accept_len = h.accept_len,
                                           .accept_index = h.accept_index, .accept_tokens = h.accept_tokens, .status = h.status};
-        s = to_host(L, L->h_pred, L->pred, (size_t)Ba * Q * sizeof(int32_t));
+        s = to_host(L, L->h_pred, L->pred, (size_t)Ba * L->pred_q * sizeof(int32_t));
+        for (int32_t a = Ba - 1; L->pred_q == 1 && a >= 0; a--) /* [Ba] -> [Ba, Q], backwards: in place */
+            for (int32_t i = Q - 1; i >= 0; i--) L->h_pred[(size_t)a * Q + i] = i ? -1 : L->h_pred[a];
         if (s == KDT_OK) s = kdt_tree_accept(&p, KDT_BACKEND_CPU, NULL);
     } else {
         const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = v.node_token, .node_parent = L->tree_aux,

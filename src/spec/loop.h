@@ -41,6 +41,7 @@ struct kdt_spec_session {
     float *h_scores;            /* [B, D, K] */
     int32_t *h_dtok;            /* [B, D, K] */
     int32_t *h_aux;             /* [6, B, Q] */
+    int32_t pred_q;             /* target_pred's row stride this step: Q, or 1 (a host step of one row each) */
     /* KDT_SPEC_PROFILE: CUDA events around each forward (stats t_forward_dev). */
     void *span;
     int profile;
