@@ -390,8 +390,8 @@ static kdt_status build_tree(loop *L) {
     int32_t *aux = host ? L->h_aux : L->tree_aux, *roots = host ? L->h_roots : L->roots;
     const size_t bq = (size_t)Ba * Q;
     const kdt_tree_build_params p = {.B = Ba, .D = L->D, .K = L->K, .budget = L->N, .scores = host ? L->h_scores : L->scores,
-                                     .tokens = host ? L->h_dtok : L->dtok, .root_token = roots, .seq_len = roots + Ba, .num_nodes = v.num_nodes,
-                                     .node_token = v.node_token, .node_parent = aux, .node_depth = aux + bq,
+                                     .tokens = host ? L->h_dtok : L->dtok, .root_token = roots, .seq_len = roots + Ba,
+                                     .num_nodes = v.num_nodes, .node_token = v.node_token, .node_parent = aux, .node_depth = aux + bq,
                                      .node_cand = aux + 2 * bq, .node_score = (float *)(aux + 5 * bq), .positions = v.positions,
                                      .tree_mask = v.mask, .first_child = aux + 3 * bq, .next_sibling = aux + 4 * bq};
     return kdt_tree_build(&p, host ? KDT_BACKEND_CPU : L->be, L->stream);
