@@ -179,8 +179,13 @@ typedef struct kdt_spec_stats {
     double t_accept;            /* tree_accept + reading the emitted tokens */
     double t_commit;            /* cache commit */
     double t_total;             /* the whole call */
-    double t_forward_dev;       /* with $KDT_SPEC_PROFILE on CUDA: the steps' target forwards, timed by CUDA
-                                   events around each (device time, launch gaps included); else 0 */
+    /* With $KDT_SPEC_PROFILE on CUDA (else 0): the steps' target forwards timed by CUDA events around
+     * each (device time, launch gaps included); and those of them that were not graph replays (a
+     * shape's first sight and its capture, or a forward that cannot be captured): their count and
+     * host time. */
+    double t_forward_dev;
+    int64_t forwards_cold;
+    double t_forward_cold;
 } kdt_spec_stats;
 
 /* Generates for B requests with the target m: speculative with `drafter`, plain decoding (one

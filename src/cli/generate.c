@@ -335,8 +335,9 @@ int kdt_cmd_generate(int argc, char **argv) {
     if (st.t_forward_dev > 0) {
         int64_t replays = 0, captures = 0;
         kdt_model_graph_counts(m, &replays, &captures);
-        fprintf(stderr, "kdt generate: profile: the target's CUDA graphs: %lld replays, %lld captures\n", (long long)replays,
-                (long long)captures);
+        fprintf(stderr, "kdt generate: profile: the target's CUDA graphs: %lld replays, %lld captures; %lld step forwards not "
+                        "replayed took %.3f ms\n", (long long)replays, (long long)captures, (long long)st.forwards_cold,
+                1e3 * st.t_forward_cold);
     }
     if (tok && s == KDT_OK) s = kdt_cli_print_end(&text);
     if (!tok && B == 1 && (s == KDT_OK || pr.count[0])) printf("\n");

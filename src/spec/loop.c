@@ -199,9 +199,17 @@ static kdt_status forward(loop *L, const int32_t *tokens, const int32_t *pos, co
     const kdt_batch bt = {.B = L->Ba, .req = L->act, .n_rows = L->n_rows, .tokens = tokens, .positions = pos,
                           .tree_mask = mask, .logits_rows = rows};
     timed = timed && L->profile;
+    int64_t replays = 0, replays1 = 0, captures = 0;
+    const double t0 = timed ? kdt_spec_now() : 0.0;
+    if (timed) kdt_model_graph_counts(L->m, &replays, &captures);
     kdt_status s = timed ? kdt_spec_span_begin(&L->span, L->stream) : KDT_OK;
     if (s == KDT_OK) s = kdt_model_forward(L->m, L->cache, &bt, L->logits, hidden, L->stream);
     if (s == KDT_OK && timed) s = kdt_spec_span_end(L->span, L->stream, &L->st->t_forward_dev);
+    if (timed) kdt_model_graph_counts(L->m, &replays1, &captures);
+    if (timed && replays1 == replays) { /* run directly: a shape's first sight, its capture, or no graph */
+        L->st->t_forward_cold += kdt_spec_now() - t0;
+        L->st->forwards_cold++;
+    }
     return s;
 }
 
