@@ -78,7 +78,7 @@ for i in 0 3; do
         [ $s = plain ] || { IFS=, read -r d k n <<<"$s"; args=(--spec lookup --depth "$d" --topk "$k" --budget "$n"); }
         KDT_SPEC_PROFILE=1 step "profile_p${i}_${s//,/_}" 20 build/kdt generate --backend cuda --model "$MODEL" --eos 1 \
             --max-new 256 --prompt-ids "$ids" "${args[@]}" &&
-            grep -h 'decode\|profile\|time per step\|mean accepted' "$LOGS/profile_p${i}_${s//,/_}.log" | sed 's/^kdt generate: /      /' |
+            grep -o 'kdt generate: \(prefill\|profile\|spec\|time per step\).*' "$LOGS/profile_p${i}_${s//,/_}.log" | sed 's/^kdt generate: /      /' |
             tee -a "$OUT/summary.txt"
     done
 done

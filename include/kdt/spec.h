@@ -180,10 +180,12 @@ typedef struct kdt_spec_stats {
     double t_commit;            /* cache commit */
     double t_total;             /* the whole call */
     /* With $KDT_SPEC_PROFILE on CUDA (else 0): the steps' target forwards timed by CUDA events around
-     * each (device time, launch gaps included); and those of them that were not graph replays (a
-     * shape's first sight and its capture, or a forward that cannot be captured): their count and
-     * host time. */
+     * each (device time, launch gaps included); of them, those with more than one row per request
+     * (count, device time), and those that were not plain graph replays (a shape's first sight, its
+     * capture, or a forward that cannot be captured: count, host time). */
     double t_forward_dev;
+    int64_t forwards_multi;
+    double t_forward_dev_multi;
     int64_t forwards_cold;
     double t_forward_cold;
 } kdt_spec_stats;

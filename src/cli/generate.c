@@ -240,10 +240,15 @@ static void print_stats(const opts *o, const kdt_spec_stats *st, int64_t prompt_
     fmt_rate(pre, sizeof pre, prompt_tokens, st->t_prefill);
     fmt_rate(dec, sizeof dec, later, decode);
     fprintf(stderr, "kdt generate: prefill %s; decode %s\n", pre, dec);
-    if (st->t_forward_dev > 0 && st->steps > 0)
+    if (st->t_forward_dev > 0 && st->steps > 0) {
+        const int64_t one = st->steps - st->forwards_multi;
         fprintf(stderr, "kdt generate: profile: %lld steps, %.1f us a step, of which the target forward %.1f us on the device "
-                        "(CUDA events), the rest %.1f us\n", (long long)st->steps, 1e6 * decode / (double)st->steps,
-                1e6 * st->t_forward_dev / (double)st->steps, 1e6 * (decode - st->t_forward_dev) / (double)st->steps);
+                        "(CUDA events), the rest %.1f us; forwards of 1 row: %lld, %.1f us each, of more: %lld, %.1f us each\n",
+                (long long)st->steps, 1e6 * decode / (double)st->steps, 1e6 * st->t_forward_dev / (double)st->steps,
+                1e6 * (decode - st->t_forward_dev) / (double)st->steps, (long long)one,
+                one ? 1e6 * (st->t_forward_dev - st->t_forward_dev_multi) / (double)one : 0.0, (long long)st->forwards_multi,
+                st->forwards_multi ? 1e6 * st->t_forward_dev_multi / (double)st->forwards_multi : 0.0);
+    }
     if (strcmp(o->spec, "none") == 0 || st->steps == 0) return;
     const double ms = 1e3 / (double)st->steps;
     fprintf(stderr, "kdt generate: spec %s D=%ld K=%ld N=%ld: %lld steps, mean accepted length %.2f, %.2f tokens per request "
@@ -335,9 +340,9 @@ int kdt_cmd_generate(int argc, char **argv) {
     if (st.t_forward_dev > 0) {
         int64_t replays = 0, captures = 0;
         kdt_model_graph_counts(m, &replays, &captures);
-        fprintf(stderr, "kdt generate: profile: the target's CUDA graphs: %lld replays, %lld captures; %lld step forwards not "
-                        "replayed took %.3f ms\n", (long long)replays, (long long)captures, (long long)st.forwards_cold,
-                1e3 * st.t_forward_cold);
+        fprintf(stderr, "kdt generate: profile: the target's CUDA graphs: %lld replays, %lld captures; %lld step forwards "
+                        "not replayed (first sights, captures) took %.3f ms\n", (long long)replays, (long long)captures,
+                (long long)st.forwards_cold, 1e3 * st.t_forward_cold);
     }
     if (tok && s == KDT_OK) s = kdt_cli_print_end(&text);
     if (!tok && B == 1 && (s == KDT_OK || pr.count[0])) printf("\n");

@@ -199,17 +199,22 @@ static kdt_status forward(loop *L, const int32_t *tokens, const int32_t *pos, co
     const kdt_batch bt = {.B = L->Ba, .req = L->act, .n_rows = L->n_rows, .tokens = tokens, .positions = pos,
                           .tree_mask = mask, .logits_rows = rows};
     timed = timed && L->profile;
-    int64_t replays = 0, replays1 = 0, captures = 0;
+    int64_t replays = 0, captures = 0, replays1 = 0, captures1 = 0;
+    double dev = 0.0;
     const double t0 = timed ? kdt_spec_now() : 0.0;
     if (timed) kdt_model_graph_counts(L->m, &replays, &captures);
     kdt_status s = timed ? kdt_spec_span_begin(&L->span, L->stream) : KDT_OK;
     if (s == KDT_OK) s = kdt_model_forward(L->m, L->cache, &bt, L->logits, hidden, L->stream);
-    if (s == KDT_OK && timed) s = kdt_spec_span_end(L->span, L->stream, &L->st->t_forward_dev);
-    if (timed) kdt_model_graph_counts(L->m, &replays1, &captures);
-    if (timed && replays1 == replays) { /* run directly: a shape's first sight, its capture, or no graph */
-        L->st->t_forward_cold += kdt_spec_now() - t0;
-        L->st->forwards_cold++;
-    }
+    if (s != KDT_OK || !timed) return s;
+    s = kdt_spec_span_end(L->span, L->stream, &dev);
+    kdt_model_graph_counts(L->m, &replays1, &captures1);
+    kdt_spec_stats *st = L->st;
+    st->t_forward_dev += dev;
+    int multi = 0;
+    for (int32_t a = 0; a < L->Ba; a++) multi |= L->n_rows[a] > 1;
+    if (multi) st->forwards_multi++, st->t_forward_dev_multi += dev;
+    if (replays1 == replays || captures1 != captures) /* not a replay: a shape's first sight, its capture, no graph */
+        st->forwards_cold++, st->t_forward_cold += kdt_spec_now() - t0;
     return s;
 }
 
