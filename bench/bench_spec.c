@@ -5,6 +5,7 @@
  *
  *   build/bench/bench_spec [--out FILE] [--layers 4] [--experts 16] [--vocab 163840] [--batches 1,8,32]
  *                          [--prompt 64] [--new 96] [--f32] [--backend cuda|cpu] [--drafters oracle,lookup,model]
+ *                          [--no-sync]
  *
  * The model is bench/bench_model.cu's, made by the model's device builder
  * (kdt_model_random_cuda: uniform weights, scale 1 / sqrt(fan_in), each tensor from its own
@@ -30,7 +31,9 @@
  * Every speculative output is compared with the plain greedy output of the same batch; in bf16
  * they may part where two logits nearly tie (the verify forward and the decode forward round
  * differently), which the "= greedy" column reports. Timing: host clock; the loop synchronizes
- * after each phase (sync_timing), a warm-up run precedes each batch size. */
+ * after each phase (sync_timing; --no-sync: only where the loop itself waits, so the split is not
+ * exact but the total is what a caller sees), a warm-up run precedes each batch size. With
+ * KDT_SPEC_PROFILE=1 the last column is each step's target forward timed by CUDA events. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,8 +85,8 @@ static void or_destroy(void *state) {
     free(o->tk);
 }
 
-/* Rank 0: the true token (score 0); the others: decoys with scores below. The loop's buffers are
- * device memory on CUDA (the loop runs on the legacy default stream here, as the copy does). */
+/* Rank 0: the true token (score 0); the others: decoys with scores below. Host memory on every
+ * backend (host_candidates). */
 static kdt_status or_propose(void *state, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens) {
     oracle *o = state;
     const int32_t D = o->set.D, K = o->set.K, V = o->set.vocab_size;
@@ -99,13 +102,9 @@ static kdt_status or_propose(void *state, const kdt_draft_ctx *ctx, float *score
         }
     }
     const size_t n = (size_t)ctx->B * D * K;
-    if (o->set.backend == KDT_BACKEND_CPU) {
-        memcpy(scores, o->sc, n * sizeof *scores);
-        memcpy(tokens, o->tk, n * sizeof *tokens);
-        return KDT_OK;
-    }
-    kdt_status s = kdt_dev_h2d(scores, o->sc, n * sizeof *scores);
-    return s == KDT_OK ? kdt_dev_h2d(tokens, o->tk, n * sizeof *tokens) : s;
+    memcpy(scores, o->sc, n * sizeof *scores);
+    memcpy(tokens, o->tk, n * sizeof *tokens);
+    return KDT_OK;
 }
 
 /* ---- runs ---- */
@@ -124,11 +123,13 @@ typedef struct batch {
 static double decode_time(const kdt_spec_stats *st) { return st->t_draft + st->t_tree + st->t_verify + st->t_accept + st->t_commit; }
 
 /* One run; fills out and returns the stats. */
+static int g_sync = 1;
+
 static kdt_spec_stats run_once(kdt_model *m, kdt_drafter *dr, const run *r, batch *bt, int32_t **out) {
     kdt_spec_request *req = calloc((size_t)bt->B, sizeof *req);
     for (int b = 0; b < bt->B; b++)
         req[b] = (kdt_spec_request){.prompt = bt->prompt[b], .prompt_len = bt->P, .max_new = bt->NEW, .out = out[b]};
-    const kdt_spec_params p = {.depth = r->D, .topk = r->K, .budget = r->N, .eos = -1, .pad_tree = 1, .sync_timing = 1};
+    const kdt_spec_params p = {.depth = r->D, .topk = r->K, .budget = r->N, .eos = -1, .pad_tree = 1, .sync_timing = g_sync};
     kdt_spec_stats st;
     KCK(kdt_spec_generate(m, dr, &p, bt->B, req, &st, NULL));
     free(req);
@@ -152,6 +153,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--f32")) { dt = KDT_F32; continue; }
+        if (!strcmp(a, "--no-sync")) { g_sync = 0; continue; }
         if (!v) { fprintf(stderr, "bench_spec: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--out")) out_path = v;
@@ -187,7 +189,7 @@ int main(int argc, char **argv) {
     KCK(kdt_drafter_model(target, &self));
     if (first) KCK(kdt_drafter_model(first, &small));
     oracle orc = {0};
-    kdt_drafter ord = {.name = "oracle", .state = &orc, .begin = or_begin, .propose = or_propose, .observe = or_observe,
+    kdt_drafter ord = {.name = "oracle", .state = &orc, .host_candidates = 1, .begin = or_begin, .propose = or_propose, .observe = or_observe,
                        .destroy = or_destroy};
     const run runs[] = {{"none", 1, 1, 1},   {"oracle", 4, 1, 4},  {"oracle", 4, 4, 16}, {"oracle", 8, 2, 16},
                         {"lookup", 4, 1, 4}, {"lookup", 4, 4, 16}, {"lookup", 8, 2, 16}, {"model (itself)", 4, 1, 4},
@@ -202,14 +204,15 @@ int main(int argc, char **argv) {
     bench_emit(g_out,
                "Prompts: %d tokens (a 16-token phrase repeated), %d new tokens per request. tokens/s counts the generated\n"
                "tokens after each request's first (the prefill's) over the decode time. accepted: mean draft tokens kept per\n"
-               "request and step; tok/step: tokens emitted per request and step. Step split in ms per step (synchronized).\n"
+               "request and step; tok/step: tokens emitted per request and step. Step split in ms per step (%s);\n"
+               "fwd dev: the target forward's device time per step (CUDA events, with KDT_SPEC_PROFILE=1; else 0).\n"
                "oracle: replays the greedy output (a perfect, free drafter: the loop's ceiling); model (itself): the target\n"
                "drafting for itself (acceptance upper bound, D target forwards to draft); model (first layer): the target's\n"
                "first layer as the draft (its real cost; random weights make its guesses poor).\n\n",
-               P, NEW);
+               P, NEW, g_sync ? "synchronized" : "not synchronized: --no-sync");
     bench_emit(g_out, "| batch | drafter | D | K | N | tokens/s | vs none | accepted | tok/step | = greedy | draft | tree | verify "
-                      "| accept | commit |\n");
-    bench_emit(g_out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                      "| accept | commit | fwd dev |\n");
+    bench_emit(g_out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 
     char list[256];
     snprintf(list, sizeof list, "%s", batches_arg);
@@ -264,10 +267,11 @@ int main(int argc, char **argv) {
             else if (!parted) snprintf(same, sizeof same, "yes");
             else snprintf(same, sizeof same, "%d/%d part (from token %d)", parted, bt.B, first_part);
             bench_emit(g_out,
-                       "| %d | %s | %d | %d | %d | %.1f | %.2fx | %.2f | %.2f | %s | %.3f | %.3f | %.3f | %.3f | %.3f |\n", bt.B,
+                       "| %d | %s | %d | %d | %d | %.1f | %.2fx | %.2f | %.2f | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", bt.B,
                        runs[r].drafter, r ? runs[r].D : 0, r ? runs[r].K : 0, r ? runs[r].N : 0, tps, tps / base,
                        (double)st.accepted / (double)st.request_steps, (double)later / (double)st.request_steps, same,
-                       st.t_draft * ms, st.t_tree * ms, st.t_verify * ms, st.t_accept * ms, st.t_commit * ms);
+                       st.t_draft * ms, st.t_tree * ms, st.t_verify * ms, st.t_accept * ms, st.t_commit * ms,
+                       st.t_forward_dev * ms);
         }
         for (int b = 0; b < bt.B; b++) free(bt.prompt[b]), free(bt.out[b]), free(bt.ref[b]), free(bt.seq[b]);
         free(bt.prompt), free(bt.out), free(bt.ref), free(bt.seq), free(bt.seq_len);

@@ -341,16 +341,17 @@ static void check_extras(const char *name, kdt_model *m, const reqset *rs) {
 
 /* ---- the lookup drafter against a brute-force count ---- */
 
-/* Depth by depth: every earlier occurrence of the context's last n-gram (n = 3, 2, 1, the first
- * with a match), its continuations ranked by count, then by latest occurrence. */
+/* Depth by depth: every earlier occurrence of the context's last n-gram (n = 4, 3, 2, 1, the first
+ * with a match; no draft at all when depth 0's is a single token), its continuations ranked by
+ * count, then by latest occurrence. */
 static void lookup_brute(const int32_t *hist, int32_t h, int32_t D, int32_t K, float *sc, int32_t *tk) {
     int32_t *ctx = malloc((size_t)(h + D) * sizeof *ctx);
     memcpy(ctx, hist, (size_t)h * sizeof *ctx);
     for (int32_t i = 0; i < D * K; i++) sc[i] = -INFINITY, tk[i] = 0;
     for (int32_t d = 0; d < D; d++) {
         const int32_t len = h + d;
-        int32_t cnt[64], last[64], tok[64], nc = 0, matches = 0;
-        for (int32_t n = 3; n >= 1 && matches == 0; n--) {
+        int32_t cnt[64], last[64], tok[64], nc = 0, matches = 0, n = 4;
+        for (; n >= 1 && matches == 0; n--) {
             if (len < n) continue;
             for (int32_t e = n - 1; e + 1 < h; e++) {
                 if (memcmp(hist + e - n + 1, ctx + len - n, (size_t)n * sizeof *ctx) != 0) continue;
@@ -362,7 +363,7 @@ static void lookup_brute(const int32_t *hist, int32_t h, int32_t D, int32_t K, f
                 matches++;
             }
         }
-        if (matches == 0) break;
+        if (matches == 0 || (d == 0 && n + 1 < 2)) break; /* n + 1: the n that matched */
         for (int32_t k = 0; k < K && k < nc; k++) {
             int32_t best = -1;
             for (int32_t c = 0; c < nc; c++)
@@ -750,6 +751,67 @@ static int same_or_near_tie(kdt_model *cpu, const char *what, int32_t B, int32_t
     return ok;
 }
 
+/* Lookup with its candidates copied to device memory (host_candidates 0): the loop then builds and
+ * accepts its trees with the CUDA kernels, where the lookup drafter itself has them built and
+ * accepted on the host. */
+typedef struct devlk {
+    kdt_drafter *inner;
+    size_t dk;                  /* D * K */
+    float *sc;                  /* [slots, D, K] host staging */
+    int32_t *tk;
+} devlk;
+
+static kdt_status devlk_begin(void *state, const kdt_draft_setup *set) {
+    devlk *w = state;
+    free(w->sc);
+    free(w->tk);
+    w->dk = (size_t)set->D * set->K;
+    w->sc = malloc(set->slots * w->dk * sizeof *w->sc);
+    w->tk = malloc(set->slots * w->dk * sizeof *w->tk);
+    return w->sc && w->tk ? w->inner->begin(w->inner->state, set) : KDT_ERR_NOMEM;
+}
+
+static kdt_status devlk_propose(void *state, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens) {
+    devlk *w = state;
+    kdt_status s = w->inner->propose(w->inner->state, ctx, w->sc, w->tk);
+    const size_t n = (size_t)ctx->B * w->dk;
+    if (s == KDT_OK) s = kdt_dev_h2d(scores, w->sc, n * sizeof *scores);
+    return s == KDT_OK ? kdt_dev_h2d(tokens, w->tk, n * sizeof *tokens) : s;
+}
+
+static kdt_status devlk_observe(void *state, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb) {
+    devlk *w = state;
+    return w->inner->observe(w->inner->state, ctx, fb);
+}
+
+/* The lookup run just made (req's outputs, stats) again with its trees built and accepted on the
+ * device: the same tokens, steps and acceptance, bit for bit. */
+static void check_device_tree(kdt_model *m, kdt_drafter *lk, const kdt_spec_params *p, int32_t B, const kdt_spec_request *req,
+                              const kdt_spec_stats *st, const char *what) {
+    devlk w = {.inner = lk};
+    kdt_drafter d = {.name = "lookup (device tree)", .state = &w, .begin = devlk_begin, .propose = devlk_propose,
+                     .observe = devlk_observe};
+    kdt_spec_request r2[8];
+    int32_t out[8][64];
+    int same = B <= 8;
+    for (int32_t b = 0; same && b < B; b++) {
+        same = req[b].max_new <= 64;
+        r2[b] = req[b];
+        r2[b].out = out[b];
+        for (int32_t i = 0; i < 64; i++) out[b][i] = POISON;
+    }
+    kdt_spec_stats st2;
+    kdt_status s = same ? kdt_spec_generate(m, &d, p, B, r2, &st2, NULL) : KDT_ERR_INVALID_ARG;
+    for (int32_t b = 0; s == KDT_OK && same && b < B; b++)
+        same = r2[b].n_out == req[b].n_out && !memcmp(out[b], req[b].out, (size_t)req[b].n_out * sizeof **out);
+    if (s != KDT_OK) kt_fail("%s, trees on the device: %s", what, kdt_last_error());
+    else kt_check(same && st2.steps == st->steps && st2.accepted == st->accepted && st2.drafted == st->drafted,
+                  "%s: trees built and accepted on the device give the host's tokens, %lld steps (%lld), %lld accepted (%lld)",
+                  what, (long long)st2.steps, (long long)st->steps, (long long)st2.accepted, (long long)st->accepted);
+    free(w.sc);
+    free(w.tk);
+}
+
 /* On the device, f32 and bf16: speculative decoding against plain greedy decoding on the same
  * device, and greedy against the CPU model of the same dtype (bf16: the CPU's emulation, which rounds
  * what the device stores in bf16), each equal or parting only at a near-tie. */
@@ -822,6 +884,7 @@ static void check_cuda(void) {
             kt_check(same_or_near_tie(cpu, what, B, prompts, P, got, ref, n_ref, tol[v]) && (r == 0 || stats.accepted > 0),
                      "%s: equals greedy on the device, or parts only at a near-tie; mean accepted %.2f", what,
                      (double)stats.accepted / (stats.request_steps ? stats.request_steps : 1));
+            if (r == 0) check_device_tree(m, lk, &p, B, req, &stats, what);
         }
         kdt_drafter_free(lk);
         kdt_drafter_free(self);

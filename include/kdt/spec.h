@@ -81,6 +81,11 @@ typedef struct kdt_drafter {
      * (tree_build must not choose among draws by their value); greedy requests get top-K as before.
      * Lossless with sampled children (docs/sampling.md 4), and accepted more often at T > 0. */
     int32_t sampled;
+    /* 0: propose writes scores and tokens to backend memory. 1: to host memory on every backend (a
+     * drafter that computes them there, such as lookup): on CUDA the loop then builds and accepts a
+     * greedy step's tree on the host (kdt_tree_build / kdt_tree_accept's CPU backend, bit for bit
+     * the CUDA one), so that the step's one copy to the host is target_pred. */
+    int32_t host_candidates;
     /* A new run: every slot starts empty. May be called again for a later run. */
     kdt_status (*begin)(void *state, const kdt_draft_setup *setup);
     /* Writes scores f32 [B, D, K] (log-probabilities, non-increasing within each (b, d); -inf
@@ -94,10 +99,11 @@ typedef struct kdt_drafter {
     void (*destroy)(void *state);
 } kdt_drafter;
 
-/* Prompt lookup, model-free: the last n-gram of history + the draft path so far (n = 3, then 2,
- * then 1) is looked up in the history; the tokens that followed it, ranked by how often (then
- * by how recently), are depth d's K candidates with log(count / matches) as scores; the top one
- * extends the path for depth d + 1. Computed on the host, copied to the device on CUDA. */
+/* Prompt lookup, model-free: the last n-gram of history + the draft path so far (n = 4, 3, 2, 1:
+ * the longest that occurred before) is looked up in the history; the tokens that followed it,
+ * ranked by how often (then by how recently), are depth d's K candidates with log(count / matches)
+ * as scores; the top one extends the path for depth d + 1. No draft when depth 0's match is a
+ * single token. Computed on the host, written to host memory (host_candidates). */
 KDT_API kdt_status kdt_drafter_lookup(kdt_drafter **out);
 
 /* A draft model of the target's vocabulary run for D steps over its own paged cache (rolled back
@@ -158,7 +164,8 @@ typedef struct kdt_spec_params {
                                      (a drafter that wants hidden states gets whole prompts) */
 } kdt_spec_params;
 
-/* Times in seconds, host clock (after a synchronize on CUDA when sync_timing). */
+/* Times in seconds, host clock (after a synchronize on CUDA when sync_timing or $KDT_SPEC_PROFILE is
+ * set and not "0"). */
 typedef struct kdt_spec_stats {
     int64_t steps;              /* loop iterations after the prefill */
     int64_t request_steps;      /* sum over steps of the requests in them */
@@ -172,6 +179,15 @@ typedef struct kdt_spec_stats {
     double t_accept;            /* tree_accept + reading the emitted tokens */
     double t_commit;            /* cache commit */
     double t_total;             /* the whole call */
+    /* With $KDT_SPEC_PROFILE on CUDA (else 0): the steps' target forwards timed by CUDA events around
+     * each (device time, launch gaps included); of them, those with more than one row per request
+     * (count, device time), and those that were not plain graph replays (a shape's first sight, its
+     * capture, or a forward that cannot be captured: count, host time). */
+    double t_forward_dev;
+    int64_t forwards_multi;
+    double t_forward_dev_multi;
+    int64_t forwards_cold;
+    double t_forward_cold;
 } kdt_spec_stats;
 
 /* Generates for B requests with the target m: speculative with `drafter`, plain decoding (one

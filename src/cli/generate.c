@@ -96,7 +96,8 @@ static int fail(const char *what, kdt_status s) {
     "  N GPUs on cuda (one GPU only so far), threads on cpu; the same output as one.\n"               \
     "  Statistics on stderr: mean accepted length (draft tokens kept per request and step), tokens/s\n" \
     "  and the time per step split into draft, tree build, verify forward, accept and commit (on\n"    \
-    "  CUDA the split synchronizes after each phase).\n"
+    "  CUDA exact only with KDT_SPEC_PROFILE=1, which synchronizes after each phase and also times\n"  \
+    "  each step's target forward with CUDA events).\n"
 
 static int usage_error(const char *msg, const char *arg) { return kdt_cli_usage_error("generate", USAGE, msg, arg); }
 
@@ -239,6 +240,15 @@ static void print_stats(const opts *o, const kdt_spec_stats *st, int64_t prompt_
     fmt_rate(pre, sizeof pre, prompt_tokens, st->t_prefill);
     fmt_rate(dec, sizeof dec, later, decode);
     fprintf(stderr, "kdt generate: prefill %s; decode %s\n", pre, dec);
+    if (st->t_forward_dev > 0 && st->steps > 0) {
+        const int64_t one = st->steps - st->forwards_multi;
+        fprintf(stderr, "kdt generate: profile: %lld steps, %.1f us a step, of which the target forward %.1f us on the device "
+                        "(CUDA events), the rest %.1f us; forwards of 1 row: %lld, %.1f us each, of more: %lld, %.1f us each\n",
+                (long long)st->steps, 1e6 * decode / (double)st->steps, 1e6 * st->t_forward_dev / (double)st->steps,
+                1e6 * (decode - st->t_forward_dev) / (double)st->steps, (long long)one,
+                one ? 1e6 * (st->t_forward_dev - st->t_forward_dev_multi) / (double)one : 0.0, (long long)st->forwards_multi,
+                st->forwards_multi ? 1e6 * st->t_forward_dev_multi / (double)st->forwards_multi : 0.0);
+    }
     if (strcmp(o->spec, "none") == 0 || st->steps == 0) return;
     const double ms = 1e3 / (double)st->steps;
     fprintf(stderr, "kdt generate: spec %s D=%ld K=%ld N=%ld: %lld steps, mean accepted length %.2f, %.2f tokens per request "
@@ -323,10 +333,17 @@ int kdt_cmd_generate(int argc, char **argv) {
                   .text = tok ? &text : NULL};
     if (!pr.count) { fprintf(stderr, "kdt generate: out of memory\n"); rc = 1; goto done; }
     const kdt_spec_params p = {.depth = (int32_t)o.depth, .topk = (int32_t)o.topk, .budget = (int32_t)o.budget,
-                               .eos = (int32_t)o.eos, .pad_tree = o.backend == KDT_BACKEND_CUDA, .sync_timing = 1,
+                               .eos = (int32_t)o.eos, .pad_tree = o.backend == KDT_BACKEND_CUDA,
                                .on_tokens = on_tokens, .user = &pr};
-    kdt_spec_stats st;
+    kdt_spec_stats st = {0};
     s = kdt_spec_generate(m, dr, &p, B, req, &st, NULL);
+    if (st.t_forward_dev > 0) {
+        int64_t replays = 0, captures = 0;
+        kdt_model_graph_counts(m, &replays, &captures);
+        fprintf(stderr, "kdt generate: profile: the target's CUDA graphs: %lld replays, %lld captures; %lld step forwards "
+                        "not replayed (first sights, captures) took %.3f ms\n", (long long)replays, (long long)captures,
+                (long long)st.forwards_cold, 1e3 * st.t_forward_cold);
+    }
     if (tok && s == KDT_OK) s = kdt_cli_print_end(&text);
     if (!tok && B == 1 && (s == KDT_OK || pr.count[0])) printf("\n");
     for (; s == KDT_OK && !tok && B > 1 && pr.next < B; pr.next++) print_line(&req[pr.next]); /* max_new 0 emits nothing */

@@ -56,6 +56,13 @@ kdt_status kdt_spec_gather_cuda(const float *x, int64_t W, const int32_t *rows, 
 kdt_status kdt_spec_copy(void *dst, const void *src, size_t nbytes, kdt_spec_copy_kind kind, void *stream);
 kdt_status kdt_spec_stream_sync(void *stream);
 
+/* Profiling: *span (two CUDA events, made by the first begin) marks the start of work queued on
+ * stream; end marks its end, waits for it and adds the device time between the two, in seconds,
+ * to *acc. */
+kdt_status kdt_spec_span_begin(void **span, void *stream);
+kdt_status kdt_spec_span_end(void *span, void *stream, double *acc);
+void kdt_spec_span_free(void *span);
+
 #ifdef __cplusplus
 }
 #endif

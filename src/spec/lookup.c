@@ -1,7 +1,14 @@
-/* The prompt-lookup drafter (model-free). Each slot keeps, per n = 1 .. 3, a hash index of the
+/* The prompt-lookup drafter (model-free). Each slot keeps, per n = 1 .. NGRAM, a hash index of the
  * history's n-grams: bucket heads and a chain through earlier positions, so a lookup walks only
  * the positions whose n-gram hashes alike (most recent first) instead of the whole history.
- * Entry e stands for the n-gram ending at e; it is indexed once its continuation e + 1 exists. */
+ * Entry e stands for the n-gram ending at e; it is indexed once its continuation e + 1 exists.
+ *
+ * The longest match wins, and a draft starts only from a match of at least MIN_START tokens: a
+ * step with a draft verifies N + 1 rows, which on the shipped model costs about three plain steps
+ * (H200: 17 rows about 0.9 ms, a plain step 0.285 ms; docs/perf/spec.md), while a draft that starts
+ * from one matching token kept about 2 tokens (the held-out prompts' greedy outputs replayed by
+ * bench_lookup_replay at D=16 K=1 N=16: 6.2 tokens a step with 134 of 205 steps drafting before,
+ * 5.8 with 94 of 221 now; 2.30x plain on the H200 against main's 1.84x). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +16,8 @@
 #include "common/internal.h"
 #include "spec/internal.h"
 
-#define NGRAM 3                 /* longest n-gram tried */
+#define NGRAM 4                 /* longest n-gram tried */
+#define MIN_START 2             /* shortest match a draft starts from (depth 0) */
 #define HASH_BITS 12
 #define HASH_SIZE (1 << HASH_BITS)
 #define MATCH_MAX 256           /* matches counted per lookup */
@@ -20,8 +28,6 @@ typedef struct lookup {
     int32_t *head;              /* [slots, NGRAM, HASH_SIZE] newest entry of each bucket, -1 none */
     int32_t *prev;              /* [slots, NGRAM, max_len] the bucket's entry before e */
     int32_t *indexed;           /* [slots] entries e < indexed[s] are in the index */
-    float *scores;              /* [slots, D, K] host staging (CUDA) */
-    int32_t *tokens;            /* [slots, D, K] */
     int32_t *path;              /* [D] the top candidate of each depth so far */
     int32_t cand[MATCH_MAX], count[MATCH_MAX];
 } lookup;
@@ -33,23 +39,20 @@ static uint32_t bucket(const int32_t *t, int32_t n) {
 }
 
 static void lookup_release(lookup *L) {
-    free(L->head); free(L->prev); free(L->indexed); free(L->scores); free(L->tokens); free(L->path);
-    L->head = L->prev = L->indexed = L->tokens = L->path = NULL;
-    L->scores = NULL;
+    free(L->head); free(L->prev); free(L->indexed); free(L->path);
+    L->head = L->prev = L->indexed = L->path = NULL;
 }
 
 static kdt_status lookup_begin(void *state, const kdt_draft_setup *set) {
     lookup *L = state;
     lookup_release(L);
     L->set = *set;
-    const size_t S = (size_t)set->slots, dk = (size_t)set->D * set->K;
+    const size_t S = (size_t)set->slots;
     L->head = malloc(S * NGRAM * HASH_SIZE * sizeof *L->head);
     L->prev = malloc(S * NGRAM * (size_t)set->max_len * sizeof *L->prev);
     L->indexed = calloc(S, sizeof *L->indexed);
-    L->scores = malloc(S * dk * sizeof *L->scores);
-    L->tokens = malloc(S * dk * sizeof *L->tokens);
     L->path = malloc((size_t)set->D * sizeof *L->path);
-    if (!L->head || !L->prev || !L->indexed || !L->scores || !L->tokens || !L->path) {
+    if (!L->head || !L->prev || !L->indexed || !L->path) {
         lookup_release(L);
         return kdt_fail(KDT_ERR_NOMEM, "lookup drafter: out of memory for %d slots of %d tokens", set->slots, set->max_len);
     }
@@ -97,16 +100,16 @@ static void propose_one(lookup *L, int32_t s, const int32_t *hist, int32_t len, 
     const int32_t D = L->set.D, K = L->set.K;
     int32_t d = 0;
     for (; d < D; d++) {
-        int32_t q[NGRAM], matches = 0, n_cand = 0;
-        for (int32_t n = NGRAM; n >= 1 && matches == 0; n--) {
+        int32_t q[NGRAM], matches = 0, n_cand = 0, n = NGRAM;
+        for (; n >= 1; n--) { /* the longest n-gram that occurred before */
             if (len + d < n) continue;
             for (int32_t i = 0; i < n; i++) {
                 const int32_t j = len + d - n + i;
                 q[i] = j < len ? hist[j] : L->path[j - len];
             }
-            matches = tally(L, s, hist, q, n, &n_cand);
+            if ((matches = tally(L, s, hist, q, n, &n_cand)) > 0) break;
         }
-        if (matches == 0) break;
+        if (matches == 0 || (d == 0 && n < MIN_START)) break;
         /* Candidates in the order found are newest first: a stable selection by count keeps that
          * order among equal counts. */
         for (int32_t k = 0; k < K; k++) {
@@ -135,17 +138,13 @@ static void propose_one(lookup *L, int32_t s, const int32_t *hist, int32_t len, 
         }
 }
 
+/* Host memory on every backend (host_candidates). */
 static kdt_status lookup_propose(void *state, const kdt_draft_ctx *ctx, float *scores, int32_t *tokens) {
     lookup *L = state;
     const size_t dk = (size_t)L->set.D * L->set.K;
-    const int host = L->set.backend == KDT_BACKEND_CPU;
     for (int32_t b = 0; b < ctx->B; b++)
-        propose_one(L, ctx->slot[b], ctx->history[b], ctx->hist_len[b], (host ? scores : L->scores) + b * dk,
-                    (host ? tokens : L->tokens) + b * dk);
-    if (host) return KDT_OK;
-    kdt_status s = kdt_spec_copy(scores, L->scores, (size_t)ctx->B * dk * sizeof *scores, KDT_SPEC_H2D, L->set.stream);
-    if (s == KDT_OK) s = kdt_spec_copy(tokens, L->tokens, (size_t)ctx->B * dk * sizeof *tokens, KDT_SPEC_H2D, L->set.stream);
-    return s;
+        propose_one(L, ctx->slot[b], ctx->history[b], ctx->hist_len[b], scores + b * dk, tokens + b * dk);
+    return KDT_OK;
 }
 
 static kdt_status lookup_observe(void *state, const kdt_draft_ctx *ctx, const kdt_draft_feedback *fb) {
@@ -183,7 +182,7 @@ kdt_status kdt_drafter_lookup(kdt_drafter **out) {
         free(L);
         return kdt_fail(KDT_ERR_NOMEM, "drafter_lookup: out of memory");
     }
-    *d = (kdt_drafter){.name = "lookup", .state = L, .begin = lookup_begin, .propose = lookup_propose,
+    *d = (kdt_drafter){.name = "lookup", .state = L, .host_candidates = 1, .begin = lookup_begin, .propose = lookup_propose,
                        .observe = lookup_observe, .reset = lookup_reset, .destroy = lookup_destroy};
     *out = d;
     return KDT_OK;

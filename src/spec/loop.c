@@ -7,13 +7,10 @@
  * rows (tokens, positions, mask) and the cache commit its accepted paths from host memory, so
  * on CUDA a step makes two copies to the host: the tree block (num_nodes, node_token, positions,
  * tree_mask) before the forward, and the acceptance block (accept_len, status, accept_tokens,
- * accept_index) after tree_accept, which also brings the emitted tokens.
+ * accept_index) after tree_accept, which also brings the emitted tokens. A host drafter's greedy
+ * step keeps its tree on the host instead (host_tree): one copy, target_pred.
  *
- * The loop is a session (kdt_spec_session_*): requests join empty slots between steps, are
- * prefilled in chunks, then decode until they end; kdt_spec_generate adds its batch and steps
- * until every request has ended. */
-#include <math.h>
-#include <stdio.h>
+ * The session API over this is session.c. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,66 +20,9 @@
 #include "common/sample_math.h"
 #include "kdt/ops.h"
 #include "spec/internal.h"
+#include "spec/loop.h"
 
-typedef struct kdt_spec_session loop;
-
-struct kdt_spec_session {
-    kdt_model *m;
-    kdt_drafter *dr;
-    kdt_spec_params p;
-    kdt_backend be;
-    void *stream;
-    kdt_spec_stats *st;         /* -> stats */
-    kdt_spec_stats stats;
-    int32_t B, D, K, N, Q, V, hid;
-    int32_t max_len;            /* longest request, prompt + max_new */
-    kdt_cache *cache;
-    /* Requests, by slot (host): the request (NULL: empty slot), its history, whether it ended,
-     * its prompt rows in the cache so far, its reserved cache blocks, whether the slot was ever
-     * used (the drafter must then forget it before reuse). */
-    kdt_spec_request **reqs;
-    int32_t **hist, *hist_len, *done, *filled, *reserved, *used;
-    int32_t n_reserved;
-    /* Requests of the current step (host): slot, history, length, tokens added, rows. */
-    int32_t Ba, *act, *act_len, *n_new, *n_rows, *row_start;
-    const int32_t **act_hist;
-    /* Backend memory. tree_io: num_nodes [Ba], node_token [Ba, Q], positions [Ba, Q] (int32),
-     * then tree_mask [Ba, Q, Q] (u8), laid out for Ba so that one copy brings all of it. acc:
-     * accept_len [Ba], status [Ba], accept_tokens [Ba, Q], accept_index [Ba, Q], likewise. */
-    float *scores;              /* [B, D, K] */
-    int32_t *dtok;              /* [B, D, K] */
-    int32_t *roots;             /* [2, B]: root_token [Ba], then seq_len [Ba] */
-    void *tree_io;
-    int32_t *tree_aux;          /* [6, B, Q]: node_parent, node_depth, node_cand, first_child, next_sibling, node_score */
-    int32_t *pred;              /* [B, Q] */
-    int32_t *acc;
-    float *logits;              /* [B * Q, V] */
-    float *hidden;              /* [B * Q, hidden] when the drafter wants it */
-    int32_t *d_rows;            /* [2, B] row_start, n_rows of the forward (CUDA argmax) */
-    /* Host mirrors (the same memory on CPU) and the forward's inputs and outputs. */
-    void *h_tree_io;
-    int32_t *h_roots, *h_pred, *h_acc;
-    int32_t *f_tok, *f_pos;     /* [B * Q] */
-    uint8_t *f_mask;            /* [B * Q * Q] */
-    int32_t *c_req, *c_len, *c_idx; /* [B], [B], [B * Q]: one commit group */
-    /* Sampling (some request of this step has temperature > 0). samp: this step's seed u64 [Ba], then
-     * temperature f32, top_k i32, top_p f32 [Ba] each; one: the root-only trees of plain decoding,
-     * node_token, node_parent, num_nodes, accept_len, status, accept_index, accept_tokens [Ba] each. */
-    int sampling;
-    /* A sampled drafter's distributions, made at the first step that samples: probs [B, D, V]
-     * (what propose writes), draft_probs [B, Q, V] (per tree node, as tree_sample_accept reads
-     * them), gidx [B * Q] (each node's row of probs, -1: none); host: the drafter's temperatures and
-     * seeds [B] and gidx's host side. */
-    float *probs, *draft_probs;
-    int32_t *gidx, *h_gidx;
-    float *h_dtemp;
-    uint64_t *h_dseed;
-    int hidden_layers;          /* the model was asked for the drafter's target layers (undone at free) */
-    void *samp, *h_samp;
-    int32_t *one, *h_one;
-};
-
-static double now_s(void) {
+double kdt_spec_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -90,11 +30,11 @@ static double now_s(void) {
 
 /* Adds the time since *t to *acc (after the stream drains, when asked to) and restarts *t. */
 static kdt_status lap(loop *L, double *t, double *acc) {
-    if (L->be == KDT_BACKEND_CUDA && L->p.sync_timing) {
+    if (L->be == KDT_BACKEND_CUDA && (L->p.sync_timing || L->profile)) {
         kdt_status s = kdt_spec_stream_sync(L->stream);
         if (s != KDT_OK) return s;
     }
-    const double t1 = now_s();
+    const double t1 = kdt_spec_now();
     *acc += t1 - *t;
     *t = t1;
     return KDT_OK;
@@ -139,13 +79,15 @@ static kdt_status to_host(loop *L, void *dst, const void *src, size_t n) {
     return L->be == KDT_BACKEND_CPU ? KDT_OK : kdt_spec_copy(dst, src, n, KDT_SPEC_D2H, L->stream);
 }
 
-static void loop_free(loop *L) {
+void kdt_spec_loop_free(loop *L) {
     be_free(L, L->scores); be_free(L, L->dtok); be_free(L, L->roots); be_free(L, L->tree_io); be_free(L, L->tree_aux);
     be_free(L, L->pred); be_free(L, L->acc); be_free(L, L->logits); be_free(L, L->hidden); be_free(L, L->d_rows);
     be_free(L, L->samp); be_free(L, L->one); be_free(L, L->probs); be_free(L, L->draft_probs); be_free(L, L->gidx);
     host_free(L, L->h_gidx, L->gidx); free(L->h_dtemp); free(L->h_dseed); host_free(L, L->h_samp, L->samp); host_free(L, L->h_one, L->one);
     host_free(L, L->h_tree_io, L->tree_io); host_free(L, L->h_roots, L->roots); host_free(L, L->h_pred, L->pred);
     host_free(L, L->h_acc, L->acc);
+    free(L->h_scores); free(L->h_dtok); free(L->h_aux);
+    kdt_spec_span_free(L->span);
     free(L->f_tok); free(L->f_pos); free(L->f_mask);
     free(L->c_req); free(L->c_len); free(L->c_idx);
     for (int32_t b = 0; L->hist && b < L->B; b++) free(L->hist[b]);
@@ -156,7 +98,7 @@ static void loop_free(loop *L) {
 
 static size_t tree_io_bytes(int32_t B, int32_t Q) { return (size_t)B * (1 + 2 * (size_t)Q) * 4 + (size_t)B * Q * Q; }
 
-static kdt_status loop_alloc(loop *L, int32_t num_blocks) {
+kdt_status kdt_spec_loop_alloc(loop *L, int32_t num_blocks) {
     const size_t B = (size_t)L->B, Q = (size_t)L->Q, dk = (size_t)L->D * L->K, rows = L->dr ? B * Q : B;
     /* The cache holds a history without its root, plus the tree rows being verified. */
     kdt_status s = kdt_cache_create(L->m, L->B, L->max_len + L->Q, num_blocks, &L->cache);
@@ -206,6 +148,11 @@ static kdt_status loop_alloc(loop *L, int32_t num_blocks) {
     L->h_tree_io = host_alloc(L, L->tree_io, tree_io_bytes(L->B, L->Q), &s);
     L->h_roots = host_alloc(L, L->roots, 2 * B * sizeof(int32_t), &s);
     L->h_acc = host_alloc(L, L->acc, (2 * B + 2 * B * Q) * sizeof(int32_t), &s);
+    if (L->host_tree) {
+        L->h_scores = host_alloc(L, NULL, B * dk * sizeof(float), &s);
+        L->h_dtok = host_alloc(L, NULL, B * dk * sizeof(int32_t), &s);
+        L->h_aux = host_alloc(L, NULL, 6 * B * Q * sizeof(int32_t), &s);
+    }
     return s;
 }
 
@@ -246,11 +193,29 @@ static kdt_draft_ctx ctx_of(const loop *L) {
     return (kdt_draft_ctx){.B = L->Ba, .slot = L->act, .history = L->act_hist, .hist_len = L->act_len};
 }
 
+/* timed: a step's forward, whose device time KDT_SPEC_PROFILE measures. */
 static kdt_status forward(loop *L, const int32_t *tokens, const int32_t *pos, const uint8_t *mask, kdt_logits_rows rows,
-                          float *hidden) {
+                          float *hidden, int timed) {
     const kdt_batch bt = {.B = L->Ba, .req = L->act, .n_rows = L->n_rows, .tokens = tokens, .positions = pos,
                           .tree_mask = mask, .logits_rows = rows};
-    return kdt_model_forward(L->m, L->cache, &bt, L->logits, hidden, L->stream);
+    timed = timed && L->profile;
+    int64_t replays = 0, captures = 0, replays1 = 0, captures1 = 0;
+    double dev = 0.0;
+    const double t0 = timed ? kdt_spec_now() : 0.0;
+    if (timed) kdt_model_graph_counts(L->m, &replays, &captures);
+    kdt_status s = timed ? kdt_spec_span_begin(&L->span, L->stream) : KDT_OK;
+    if (s == KDT_OK) s = kdt_model_forward(L->m, L->cache, &bt, L->logits, hidden, L->stream);
+    if (s != KDT_OK || !timed) return s;
+    s = kdt_spec_span_end(L->span, L->stream, &dev);
+    kdt_model_graph_counts(L->m, &replays1, &captures1);
+    kdt_spec_stats *st = L->st;
+    st->t_forward_dev += dev;
+    int multi = 0;
+    for (int32_t a = 0; a < L->Ba; a++) multi |= L->n_rows[a] > 1;
+    if (multi) st->forwards_multi++, st->t_forward_dev_multi += dev;
+    if (replays1 == replays || captures1 != captures) /* not a replay: a shape's first sight, its capture, no graph */
+        st->forwards_cold++, st->t_forward_cold += kdt_spec_now() - t0;
+    return s;
 }
 
 /* target_pred [Ba, Q] (backend memory) from the logits: request a's row i is row
@@ -343,7 +308,7 @@ static kdt_status prefill(loop *L) {
     }
     for (int32_t a = 0; a < L->Ba; a++)
         memcpy(tok + L->row_start[a], L->reqs[L->act[a]]->prompt + L->filled[L->act[a]], (size_t)L->n_rows[a] * sizeof *tok);
-    s = forward(L, tok, NULL, NULL, KDT_LOGITS_LAST, hidden);
+    s = forward(L, tok, NULL, NULL, KDT_LOGITS_LAST, hidden, 0);
     free(tok);
     if (s == KDT_OK) s = next_tokens(L);
     /* Keeps only the requests whose prompt is now cached, with their first token. */
@@ -400,8 +365,16 @@ static kdt_status draft(loop *L) {
         ctx.seed = L->h_dseed;
         ctx.probs = L->probs;
     }
-    return L->dr->propose(L->dr->state, &ctx, L->scores, L->dtok);
+    if (!L->host_tree) return L->dr->propose(L->dr->state, &ctx, L->scores, L->dtok);
+    kdt_status s = L->dr->propose(L->dr->state, &ctx, L->h_scores, L->h_dtok);
+    if (s != KDT_OK || !L->sampling) return s;
+    const size_t n = (size_t)L->Ba * L->D * L->K; /* a sampled step builds and accepts on the device */
+    if ((s = to_backend(L, L->scores, L->h_scores, n * sizeof(float))) != KDT_OK) return s;
+    return to_backend(L, L->dtok, L->h_dtok, n * sizeof(int32_t));
 }
+
+/* Whether this step's tree is built and accepted on the host (host_tree, greedy). */
+static int host_step(const loop *L) { return L->host_tree && !L->sampling; }
 
 /* Per-step views of the backend blocks, laid out for Ba requests. */
 typedef struct views {
@@ -423,17 +396,18 @@ static kdt_status build_tree(loop *L) {
         L->h_roots[a] = L->act_hist[a][L->act_len[a] - 1];
         L->h_roots[Ba + a] = L->act_len[a] - 1;
     }
-    kdt_status s = to_backend(L, L->roots, L->h_roots, 2 * (size_t)Ba * sizeof(int32_t));
+    const int host = host_step(L);
+    kdt_status s = host ? KDT_OK : to_backend(L, L->roots, L->h_roots, 2 * (size_t)Ba * sizeof(int32_t));
     if (s != KDT_OK) return s;
-    const views v = tree_views(L, L->tree_io, L->acc);
-    int32_t *aux = L->tree_aux;
+    const views v = host ? tree_views(L, L->h_tree_io, L->h_acc) : tree_views(L, L->tree_io, L->acc);
+    int32_t *aux = host ? L->h_aux : L->tree_aux, *roots = host ? L->h_roots : L->roots;
     const size_t bq = (size_t)Ba * Q;
-    const kdt_tree_build_params p = {.B = Ba, .D = L->D, .K = L->K, .budget = L->N, .scores = L->scores, .tokens = L->dtok,
-                                     .root_token = L->roots, .seq_len = L->roots + Ba, .num_nodes = v.num_nodes,
-                                     .node_token = v.node_token, .node_parent = aux, .node_depth = aux + bq,
+    const kdt_tree_build_params p = {.B = Ba, .D = L->D, .K = L->K, .budget = L->N, .scores = host ? L->h_scores : L->scores,
+                                     .tokens = host ? L->h_dtok : L->dtok, .root_token = roots, .seq_len = roots + Ba,
+                                     .num_nodes = v.num_nodes, .node_token = v.node_token, .node_parent = aux, .node_depth = aux + bq,
                                      .node_cand = aux + 2 * bq, .node_score = (float *)(aux + 5 * bq), .positions = v.positions,
                                      .tree_mask = v.mask, .first_child = aux + 3 * bq, .next_sibling = aux + 4 * bq};
-    return kdt_tree_build(&p, L->be, L->stream);
+    return kdt_tree_build(&p, host ? KDT_BACKEND_CPU : L->be, L->stream);
 }
 
 /* Rows per request of a padded verify. Sampling: Q (tree_sample_accept reads Q rows per request).
@@ -454,7 +428,7 @@ static int32_t pad_rows(const loop *L, const int32_t *num_nodes) {
  * and tree_sample_accept take as they are; else the argmax reads each request's rows where they are. */
 static kdt_status verify(loop *L) {
     const int32_t Ba = L->Ba, Q = L->Q, pad = L->p.pad_tree || L->sampling;
-    kdt_status s = to_host(L, L->h_tree_io, L->tree_io, tree_io_bytes(Ba, Q));
+    kdt_status s = host_step(L) ? KDT_OK : to_host(L, L->h_tree_io, L->tree_io, tree_io_bytes(Ba, Q));
     if (s != KDT_OK) return s;
     const views v = tree_views(L, L->h_tree_io, L->h_acc);
     for (int32_t a = 0; a < Ba; a++)
@@ -478,9 +452,12 @@ static kdt_status verify(loop *L) {
         R += n;
         moff += (int64_t)n * n;
     }
-    if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden)) != KDT_OK) return s;
+    if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden, 1)) != KDT_OK) return s;
     for (int32_t a = 0; a < Ba; a++) L->st->drafted += v.num_nodes[a];
-    return L->sampling ? KDT_OK : argmax(L, Q, rows != Q);
+    if (L->sampling) return KDT_OK;
+    /* A host step of one row each needs no row table on the device: target_pred [Ba] (accept spreads it). */
+    L->pred_q = host_step(L) && rows == 1 ? 1 : Q;
+    return L->pred_q == 1 ? argmax(L, 1, 0) : argmax(L, Q, rows != Q);
 }
 
 /* draft_probs [Ba, Q, V]: node i of request a (depth t = position - seq_len) gets the drafter's
@@ -523,13 +500,22 @@ static kdt_status accept(loop *L) {
             p.draft_probs = L->draft_probs;
         }
         if (s == KDT_OK) s = kdt_tree_sample_accept(&p, L->be, L->stream);
+    } else if (host_step(L)) { /* target_pred is the one copy to the host */
+        const views h = tree_views(L, L->h_tree_io, L->h_acc);
+        const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = h.node_token, .node_parent = L->h_aux,
+                                          .num_nodes = h.num_nodes, .target_pred = L->h_pred, .accept_len = h.accept_len,
+                                          .accept_index = h.accept_index, .accept_tokens = h.accept_tokens, .status = h.status};
+        s = to_host(L, L->h_pred, L->pred, (size_t)Ba * L->pred_q * sizeof(int32_t));
+        for (int32_t a = Ba - 1; L->pred_q == 1 && a >= 0; a--) /* [Ba] -> [Ba, Q], backwards: in place */
+            for (int32_t i = Q - 1; i >= 0; i--) L->h_pred[(size_t)a * Q + i] = i ? -1 : L->h_pred[a];
+        if (s == KDT_OK) s = kdt_tree_accept(&p, KDT_BACKEND_CPU, NULL);
     } else {
         const kdt_tree_accept_params p = {.B = Ba, .Q = Q, .node_token = v.node_token, .node_parent = L->tree_aux,
                                           .num_nodes = v.num_nodes, .target_pred = L->pred, .accept_len = v.accept_len,
                                           .accept_index = v.accept_index, .accept_tokens = v.accept_tokens, .status = v.status};
         s = kdt_tree_accept(&p, L->be, L->stream);
     }
-    if (s == KDT_OK) s = to_host(L, L->h_acc, L->acc, (2 * (size_t)Ba + 2 * (size_t)Ba * Q) * sizeof(int32_t));
+    if (s == KDT_OK && !host_step(L)) s = to_host(L, L->h_acc, L->acc, (2 * (size_t)Ba + 2 * (size_t)Ba * Q) * sizeof(int32_t));
     if (s != KDT_OK) return s;
     const views h = tree_views(L, L->h_tree_io, L->h_acc);
     for (int32_t a = 0; a < Ba; a++) {
@@ -549,18 +535,35 @@ static kdt_status accept(loop *L) {
     return KDT_OK;
 }
 
-/* kdt_cache_commit once per distinct row count (one call with pad_tree). */
+/* Whether request a's kept rows are already in place: accept_index[t] == t along the path (a chain
+ * always is, and so is a tree's best path while tree_build numbered it first). */
+static int kept_in_place(const loop *L, const views *h, int32_t a) {
+    const int32_t *idx = h->accept_index + (size_t)a * L->Q;
+    for (int32_t t = 0; t <= h->accept_len[a]; t++)
+        if (idx[t] != t) return 0;
+    return 1;
+}
+
+/* The cache keeps each request's root and accepted rows. Rows already in place need no move, only
+ * the length cut (kv_commit would copy nothing, and on CUDA it costs blocking copies and a launch
+ * per layer); the others go through kdt_cache_commit once per distinct row count. */
 static kdt_status commit(loop *L) {
     const int32_t Ba = L->Ba, Q = L->Q;
     const views h = tree_views(L, L->h_tree_io, L->h_acc);
     for (int32_t a = 0; a < Ba; a++) {
         const int32_t n = L->n_rows[a];
+        if (kept_in_place(L, &h, a)) {
+            const int32_t slot = L->act[a];
+            kdt_status s = kdt_cache_truncate(L->cache, slot, kdt_cache_len(L->cache, slot) - n + 1 + h.accept_len[a]);
+            if (s != KDT_OK) return s;
+            continue;
+        }
         int first = 1;
-        for (int32_t e = 0; e < a && first; e++) first = L->n_rows[e] != n;
+        for (int32_t e = 0; e < a && first; e++) first = L->n_rows[e] != n || kept_in_place(L, &h, e);
         if (!first) continue;
         int32_t Bg = 0;
         for (int32_t e = a; e < Ba; e++) {
-            if (L->n_rows[e] != n) continue;
+            if (L->n_rows[e] != n || kept_in_place(L, &h, e)) continue;
             L->c_req[Bg] = L->act[e];
             L->c_len[Bg] = h.accept_len[e];
             memcpy(L->c_idx + (size_t)Bg * n, h.accept_index + (size_t)e * Q, (size_t)n * sizeof *L->c_idx);
@@ -583,7 +586,7 @@ static kdt_status observe(loop *L) {
 
 static kdt_status spec_step(loop *L) {
     kdt_spec_stats *st = L->st;
-    double t = now_s();
+    double t = kdt_spec_now();
     kdt_status s;
     if ((s = draft(L)) || (s = lap(L, &t, &st->t_draft)) || (s = build_tree(L)) || (s = lap(L, &t, &st->t_tree)) ||
         (s = verify(L)) || (s = lap(L, &t, &st->t_verify)) || (s = accept(L)) || (s = lap(L, &t, &st->t_accept)) ||
@@ -594,10 +597,10 @@ static kdt_status spec_step(loop *L) {
 
 /* Plain greedy decoding: one row per request. */
 static kdt_status greedy_step(loop *L) {
-    double t = now_s();
+    double t = kdt_spec_now();
     for (int32_t a = 0; a < L->Ba; a++) L->n_rows[a] = 1;
     for (int32_t a = 0; a < L->Ba; a++) L->f_tok[a] = L->act_hist[a][L->act_len[a] - 1];
-    kdt_status s = forward(L, L->f_tok, NULL, NULL, KDT_LOGITS_LAST, NULL);
+    kdt_status s = forward(L, L->f_tok, NULL, NULL, KDT_LOGITS_LAST, NULL, 1);
     if (s == KDT_OK) s = next_tokens(L);
     if (s != KDT_OK) return s;
     for (int32_t a = 0; a < L->Ba; a++) {
@@ -608,130 +611,9 @@ static kdt_status greedy_step(loop *L) {
     return lap(L, &t, &L->st->t_verify);
 }
 
-/* ---- the session ---- */
-
-static int32_t blocks_for(int64_t rows) { return (int32_t)((rows + KDT_CACHE_BLOCK - 1) / KDT_CACHE_BLOCK); }
-
-/* A request's worst case: its history without the root, plus one tree being verified. */
-static int32_t request_blocks(const loop *L, int32_t prompt_len, int32_t max_new) {
-    return blocks_for((int64_t)prompt_len + max_new + L->Q);
-}
-
-kdt_status kdt_spec_session_create(kdt_model *m, kdt_drafter *dr, const kdt_spec_params *p, int32_t max_slots, int32_t max_len,
-                                   int32_t num_blocks, void *stream, kdt_spec_session **out) {
-    if (!out) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_create: out is NULL");
-    *out = NULL;
-    if (!m || !p || max_slots < 1 || max_len < 1 || num_blocks < 0 || p->prefill_chunk < 0)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_create: model or params missing, max_slots %d, max_len %d (need >= 1), "
-                        "num_blocks %d or prefill_chunk %d negative", max_slots, max_len, num_blocks, p ? p->prefill_chunk : 0);
-    if (dr) {
-        if (p->depth < 1 || p->depth > KDT_TREE_MAX_DEPTH || p->topk < 1 || p->topk > KDT_TREE_MAX_TOPK || p->budget < 1 ||
-            p->budget > KDT_TREE_MAX_BUDGET || p->budget + 1 > KDT_MODEL_MAX_TREE)
-            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session: depth %d, topk %d, budget %d: need 1 .. %d, 1 .. %d, 1 .. %d",
-                            p->depth, p->topk, p->budget, KDT_TREE_MAX_DEPTH, KDT_TREE_MAX_TOPK, KDT_TREE_MAX_BUDGET);
-        if (!dr->begin || !dr->propose || !dr->observe)
-            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session: drafter '%s' lacks begin, propose or observe", dr->name ? dr->name : "?");
-    }
-    if ((int64_t)max_len + p->budget + 1 > INT32_MAX / 2)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_create: max_len %d is too long", max_len);
-    loop *L = calloc(1, sizeof *L);
-    if (!L) return kdt_fail(KDT_ERR_NOMEM, "spec_session_create: out of memory");
-    const kdt_model_config *cf = kdt_model_get_config(m);
-    /* A drafter that reads several target layers gets them side by side: [R, n_layers * hidden]. */
-    const int32_t n_layers = dr && dr->wants_hidden ? dr->n_hidden_layers : 0;
-    *L = (loop){.m = m, .dr = dr, .p = *p, .be = kdt_model_backend(m), .stream = stream, .B = max_slots, .max_len = max_len,
-                .D = dr ? p->depth : 1, .K = dr ? p->topk : 1, .N = dr ? p->budget : 1, .V = cf->vocab_size,
-                .hid = cf->hidden_size * (n_layers > 0 ? n_layers : 1), .hidden_layers = n_layers > 0};
-    L->st = &L->stats;
-    L->Q = L->N + 1;
-    kdt_status s = loop_alloc(L, num_blocks);
-    if (s == KDT_OK && n_layers > 0) s = kdt_model_set_hidden_layers(m, n_layers, dr->hidden_layers);
-    if (s == KDT_OK && dr) {
-        const kdt_draft_setup set = {.slots = max_slots, .max_len = max_len, .D = L->D, .K = L->K, .vocab_size = L->V,
-                                     .hidden_size = cf->hidden_size, .backend = L->be, .stream = stream};
-        s = dr->begin(dr->state, &set);
-    }
-    if (s != KDT_OK) {
-        kdt_spec_session_free(L);
-        return s;
-    }
-    *out = L;
-    return KDT_OK;
-}
-
-void kdt_spec_session_free(kdt_spec_session *L) {
-    if (!L) return;
-    if (L->hidden_layers) kdt_model_set_hidden_layers(L->m, 0, NULL);
-    loop_free(L);
-    free(L);
-}
-
-/* Every rule a request must meet, in one place (kdt serve turns a refusal into its 400). */
-kdt_status kdt_spec_session_check(const kdt_spec_session *L, const kdt_spec_request *r) {
-    if (!L || !r) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session: session or request is NULL");
-    if (!r->prompt || r->prompt_len < 1)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "prompt: %d tokens; a request needs at least one", r ? r->prompt_len : 0);
-    if (r->max_new < 0 || (r->max_new > 0 && !r->out))
-        return kdt_fail(KDT_ERR_INVALID_ARG, "max_new: %d (need >= 0, and an output array)", r->max_new);
-    if ((int64_t)r->prompt_len + r->max_new > L->max_len)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "max_new: the prompt's %d tokens plus %d new exceed the context of %d", r->prompt_len,
-                        r->max_new, L->max_len);
-    for (int32_t i = 0; i < r->prompt_len; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= L->V)
-            return kdt_fail(KDT_ERR_INVALID_ARG, "prompt: token %d at position %d is outside the vocabulary (0 .. %d)", r->prompt[i],
-                            i, L->V - 1);
-    if (!isfinite(r->temperature) || r->temperature < 0.0f)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "temperature: %g (need finite, >= 0)", (double)r->temperature);
-    if (r->top_k < 0) return kdt_fail(KDT_ERR_INVALID_ARG, "top_k: %d (need >= 0; 0 is off)", r->top_k);
-    if (!(r->top_p >= 0.0f && r->top_p <= 1.0f)) return kdt_fail(KDT_ERR_INVALID_ARG, "top_p: %g (need 0 .. 1)", (double)r->top_p);
-    return KDT_OK;
-}
-
-int kdt_spec_session_fits(const kdt_spec_session *L, int32_t prompt_len, int32_t max_new) {
-    return L && L->n_reserved + request_blocks(L, prompt_len, max_new) <= kdt_cache_num_blocks(L->cache);
-}
-
-kdt_status kdt_spec_session_add(kdt_spec_session *L, int32_t slot, kdt_spec_request *r) {
-    kdt_status s = kdt_spec_session_check(L, r);
-    if (s != KDT_OK) return s;
-    if (slot < 0 || slot >= L->B || L->reqs[slot])
-        return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_add: slot %d is %s", slot, slot < 0 || slot >= L->B ? "out of range" : "taken");
-    const int32_t need = request_blocks(L, r->prompt_len, r->max_new), total = kdt_cache_num_blocks(L->cache);
-    if (L->n_reserved + need > total)
-        return kdt_fail(KDT_ERR_NOMEM, "spec_session_add: the request needs %d cache blocks, %d of %d are free", need,
-                        total - L->n_reserved, total);
-    if (L->used[slot] && L->dr) {
-        if (!L->dr->reset)
-            return kdt_fail(KDT_ERR_UNSUPPORTED, "spec_session_add: drafter '%s' cannot reuse slot %d (no reset)", L->dr->name, slot);
-        if ((s = L->dr->reset(L->dr->state, slot)) != KDT_OK) return s;
-    }
-    r->n_out = r->steps = r->accepted = 0;
-    memcpy(L->hist[slot], r->prompt, (size_t)r->prompt_len * sizeof **L->hist);
-    L->hist_len[slot] = r->prompt_len;
-    L->filled[slot] = 0;
-    L->done[slot] = r->max_new == 0;
-    L->reserved[slot] = need;
-    L->n_reserved += need;
-    L->used[slot] = 1;
-    L->reqs[slot] = r;
-    return KDT_OK;
-}
-
-kdt_status kdt_spec_session_remove(kdt_spec_session *L, int32_t slot) {
-    if (!L || slot < 0 || slot >= L->B)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_remove: slot %d out of range", slot);
-    if (!L->reqs[slot]) return KDT_OK;
-    L->reqs[slot] = NULL;
-    L->n_reserved -= L->reserved[slot];
-    L->reserved[slot] = 0;
-    return kdt_cache_reset(L->cache, slot);
-}
-
-kdt_status kdt_spec_session_step(kdt_spec_session *L, int32_t *emitted) {
-    if (!L) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_step: session is NULL");
+kdt_status kdt_spec_loop_step(loop *L) {
     kdt_spec_stats *st = L->st;
-    for (int32_t s = 0; emitted && s < L->B; s++) emitted[s] = L->reqs[s] ? -L->reqs[s]->n_out : 0;
-    double t = now_s();
+    double t = kdt_spec_now();
     kdt_status s = prefill(L);
     if (s == KDT_OK && L->Ba > 0) s = lap(L, &t, &st->t_prefill);
     gather_active(L);
@@ -740,57 +622,5 @@ kdt_status kdt_spec_session_step(kdt_spec_session *L, int32_t *emitted) {
         st->request_steps += L->Ba;
         s = L->dr ? spec_step(L) : greedy_step(L);
     }
-    for (int32_t b = 0; emitted && b < L->B; b++) emitted[b] += L->reqs[b] ? L->reqs[b]->n_out : 0;
-    return s;
-}
-
-int32_t kdt_spec_session_pending(const kdt_spec_session *L) {
-    int32_t n = 0;
-    for (int32_t s = 0; L && s < L->B; s++) n += L->reqs[s] && !L->done[s];
-    return n;
-}
-
-int kdt_spec_session_finished(const kdt_spec_session *L, int32_t slot) {
-    return L && slot >= 0 && slot < L->B && L->reqs[slot] && L->done[slot];
-}
-
-const kdt_spec_stats *kdt_spec_session_stats(const kdt_spec_session *L) { return L ? L->st : NULL; }
-
-void kdt_spec_session_blocks(const kdt_spec_session *L, int32_t *used, int32_t *reserved, int32_t *total) {
-    *total = L ? kdt_cache_num_blocks(L->cache) : 0;
-    *used = L ? *total - kdt_cache_free_blocks(L->cache) : 0;
-    *reserved = L ? L->n_reserved : 0;
-}
-
-/* ---- the batch call: a session holding every request from the start ---- */
-
-kdt_status kdt_spec_generate(kdt_model *m, kdt_drafter *dr, const kdt_spec_params *p, int32_t B, kdt_spec_request *reqs,
-                             kdt_spec_stats *stats, void *stream) {
-    if (!m || !p || !reqs || B < 1) return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: model, params or requests missing, or B = %d < 1", B);
-    const double t0 = now_s();
-    int32_t max_len = 1;
-    for (int32_t b = 0; b < B; b++) {
-        const kdt_spec_request *r = &reqs[b];
-        if (!r->prompt || r->prompt_len < 1 || r->max_new < 0 || (r->max_new > 0 && !r->out))
-            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: request %d: prompt_len %d (need >= 1), max_new %d (>= 0) or a NULL pointer",
-                            b, r->prompt_len, r->max_new);
-        if ((int64_t)r->prompt_len + r->max_new + p->budget + 1 > INT32_MAX / 2)
-            return kdt_fail(KDT_ERR_INVALID_ARG, "spec_generate: request %d is too long", b);
-        if (r->prompt_len + r->max_new > max_len) max_len = r->prompt_len + r->max_new;
-    }
-    kdt_spec_session *S = NULL;
-    kdt_status s = kdt_spec_session_create(m, dr, p, B, max_len, 0, stream, &S);
-    for (int32_t b = 0; s == KDT_OK && b < B; b++)
-        if ((s = kdt_spec_session_add(S, b, &reqs[b])) != KDT_OK) {
-            char why[256];
-            snprintf(why, sizeof why, "%s", kdt_last_error());
-            kdt_fail(s, "spec_generate: request %d: %s", b, why);
-        }
-    while (s == KDT_OK && kdt_spec_session_pending(S) > 0) s = kdt_spec_session_step(S, NULL);
-    if (stats) {
-        *stats = S ? S->stats : (kdt_spec_stats){0};
-        stats->t_total = now_s() - t0;
-    }
-    kdt_spec_session_free(S);
     return s;
 }

@@ -37,6 +37,15 @@ kdt_status kdt_spec_stream_sync(void *stream) {
     (void)stream;
     return kdt_no_cuda("speculative loop: stream synchronize");
 }
+kdt_status kdt_spec_span_begin(void **span, void *stream) {
+    (void)span; (void)stream;
+    return kdt_no_cuda("speculative loop: profiling events");
+}
+kdt_status kdt_spec_span_end(void *span, void *stream, double *acc) {
+    (void)span; (void)stream; (void)acc;
+    return kdt_no_cuda("speculative loop: profiling events");
+}
+void kdt_spec_span_free(void *span) { (void)span; }
 kdt_status dfl_dev_create(const dfl_model *m, const dfl_config *c, uint64_t seed, const void *embed, const void *lm_head,
                           kdt_dtype dt, int32_t slots, int32_t max_len, int32_t D, dfl_dev **out) {
     (void)m; (void)c; (void)seed; (void)embed; (void)lm_head; (void)dt; (void)slots; (void)max_len; (void)D;

@@ -4,6 +4,7 @@
  * (src/spec/rows.c): the lowest index wins among equal values, NaN never wins an argmax unless
  * the whole row is NaN, non-finite values are never top-K candidates nor part of the softmax. */
 #include <climits>
+#include <cstdlib>
 #include <math.h>
 
 #include "common/cuda/cuda_common.cuh"
@@ -256,4 +257,32 @@ extern "C" kdt_status kdt_spec_stream_sync(void *stream) {
     KDT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
     KDT_CUDA_CHECK(cudaGetLastError());
     return KDT_OK;
+}
+
+extern "C" kdt_status kdt_spec_span_begin(void **span, void *stream) {
+    cudaEvent_t *ev = (cudaEvent_t *)*span;
+    if (!ev) {
+        if (!(ev = (cudaEvent_t *)calloc(2, sizeof *ev))) return kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory");
+        *span = ev;
+        for (int i = 0; i < 2; i++) KDT_CUDA_CHECK(cudaEventCreate(&ev[i]));
+    }
+    KDT_CUDA_CHECK(cudaEventRecord(ev[0], (cudaStream_t)stream));
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_spec_span_end(void *span, void *stream, double *acc) {
+    cudaEvent_t *ev = (cudaEvent_t *)span;
+    float ms = 0.0f;
+    KDT_CUDA_CHECK(cudaEventRecord(ev[1], (cudaStream_t)stream));
+    KDT_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+    KDT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    *acc += 1e-3 * (double)ms;
+    return KDT_OK;
+}
+
+extern "C" void kdt_spec_span_free(void *span) {
+    cudaEvent_t *ev = (cudaEvent_t *)span;
+    for (int i = 0; ev && i < 2; i++)
+        if (ev[i]) (void)cudaEventDestroy(ev[i]);
+    free(ev);
 }
