@@ -264,6 +264,8 @@ int main() {
     run_case("Kimi K2 tree, 3 warps route", 16, 384, 1, 1, 8, 8, false, nullptr, 3);
     wide_case(5, 64, 1, 1, 8, 1024, 4);
     wide_case(16, 32, 4, 2, 6, 512, 8);
+    wide_case(17, 16, 1, 1, 8, 2048, 8); /* a 17-row tree of a 16-expert router: past 4-row chunks by one */
+    wide_case(64, 384, 1, 1, 8, 512, 8);  /* Kimi K2's experts, the most rows */
     /* Row 0 alone and first in a batch of 12 rows: same scores and choice, bit for bit. */
     Out alone, batch;
     run_case("row 0 alone", 1, 16, 4, 2, 4, 72, true, &alone);

@@ -45,10 +45,13 @@ __global__ void __launch_bounds__(kMaxThreads) route_plan_kernel(RoutePlanArgs a
 /* The wide router (route.cuh's route_wide_block): blocks of kWideThreads (the rows are read from L2
  * once per block), a team of team_warps(E) warps per expert: 8 for Kimi K2's 384 experts, 16 for
  * DeepSeek-V3's 256, up to 32 for a few experts, so that 2 to 4 thousand warps read the weights, a
- * few loads each (the mid run's 4-warp teams in 256-thread blocks took 23 us for Kimi's 11 MB); at
- * most kWideMaxRows rows (past that the rows' reads outweigh the weights': cuBLAS then); the
- * layer's norm in the launch up to kFoldRows rows. The last block routes with 8 warps' scratch. */
-constexpr int kWideThreads = 1024, kWideWarps = kWideThreads / 32, kWideMaxRows = 16, kFoldRows = 4;
+ * few loads each (the mid run's 4-warp teams in 256-thread blocks took 23 us for Kimi's 11 MB); for
+ * every batch the one-block router takes (kMaxRows), so that a decode step and a speculative tree give
+ * a row the same scores: with this router up to 16 rows and cuBLAS's f32 GEMM past them, bench_spec's
+ * oracle (random Kimi-dims weights, a 17-row tree) parted from plain greedy at token 34 on a router
+ * near-tie (H200, 2026-12-02); the layer's norm in the launch up to kFoldRows rows. The last block
+ * routes with 8 warps' scratch. */
+constexpr int kWideThreads = 1024, kWideWarps = kWideThreads / 32, kWideMaxRows = kMaxRows, kFoldRows = 4;
 constexpr int kWideRouteWarps = kThreads / 32;
 
 int team_warps(int32_t E) {
