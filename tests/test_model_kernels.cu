@@ -12,7 +12,7 @@
  *   the layer's norm, in the same launch up to 4 rows): the norm's bits are kdt_mk_rmsnorm's, the
  *   scores within 1e-5 of a double reference, the choice and grouping those of route + moe_plan on
  *   its own scores, two runs the same bits, a row's bits the same alone (norm in the launch) and in
- *   a batch of 16 (norm launched before), the ticket left at zero.
+ *   a batch of up to 64 (norm launched before), the ticket left at zero.
  * Without a CUDA device it prints a SKIP line. */
 #include <math.h>
 #include <stdio.h>
@@ -307,5 +307,7 @@ int main() {
     wide_case(16, 384, 1, 1, 8, 7168);
     wide_case(7, 256, 8, 4, 8, 1024);
     wide_case(3, 16, 1, 1, 8, 7168);
+    wide_case(17, 16, 1, 1, 8, 7168);  /* a 17-row tree (bench_spec's oracle): the wide router past 16 rows */
+    wide_case(64, 384, 1, 1, 8, 7168); /* the most rows it takes */
     return kt_exit_code();
 }
