@@ -29,6 +29,19 @@ __device__ __forceinline__ void mma(float *c, uint32_t a0, uint32_t a1, uint32_t
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* acc += one scale group's mma results part, C fragments of kMT tiles: c0, c1 (the fragment's row g)
+ * times sa, c2, c3 (row g + 8) times sb. */
+template <int kMT>
+__device__ __forceinline__ void acc_scaled(float (&acc)[kMT][4], const float (&part)[kMT][4], float sa, float sb) {
+#pragma unroll
+    for (int i = 0; i < kMT; i++) {
+        acc[i][0] = fmaf(sa, part[i][0], acc[i][0]);
+        acc[i][1] = fmaf(sa, part[i][1], acc[i][1]);
+        acc[i][2] = fmaf(sb, part[i][2], acc[i][2]);
+        acc[i][3] = fmaf(sb, part[i][3], acc[i][3]);
+    }
+}
+
 /* The 4 words of a quad's 16-byte loads, transposed: lane t gets word t of each lane's load. */
 __device__ __forceinline__ void quad_transpose(uint4 &v, int t) {
     uint32_t a[4] = {v.x, v.y, v.z, v.w};

@@ -97,13 +97,7 @@ __device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 
                 for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, b[i][h][0], b[i][h][1]);
             }
             const float sa = scl(a, G, 0), sb = scl(a, G, 1);
-#pragma unroll
-            for (int i = 0; i < kMT; i++) {
-                acc[a][i][0] = fmaf(sa, part[i][0], acc[a][i][0]);
-                acc[a][i][1] = fmaf(sa, part[i][1], acc[a][i][1]);
-                acc[a][i][2] = fmaf(sb, part[i][2], acc[a][i][2]);
-                acc[a][i][3] = fmaf(sb, part[i][3], acc[a][i][3]);
-            }
+            acc_scaled(acc[a], part, sa, sb);
         }
     }
 }

@@ -185,13 +185,7 @@ __device__ __forceinline__ void step_int4(float (&acc)[kTR][kMT][4], const uint4
                 for (int i = 0; i < kMT; i++) mma(part[i], a0, a1, a2, a3, b[i][h][0], b[i][h][1]);
             }
             const float sa = scale_of(sc[r][0], G), sb = scale_of(sc[r][1], G);
-#pragma unroll
-            for (int i = 0; i < kMT; i++) {
-                acc[r][i][0] = fmaf(sa, part[i][0], acc[r][i][0]);
-                acc[r][i][1] = fmaf(sa, part[i][1], acc[r][i][1]);
-                acc[r][i][2] = fmaf(sb, part[i][2], acc[r][i][2]);
-                acc[r][i][3] = fmaf(sb, part[i][3], acc[r][i][3]);
-            }
+            acc_scaled(acc[r], part, sa, sb);
         }
     }
 }
