@@ -98,18 +98,25 @@ struct Out {
     std::vector<int32_t> idx, counts, offs, perm, pos;
 };
 
-/* The kernel on R rows (h [R, hid], w [E, hid], bias [E]); scores: the block computes them,
- * else they are given (logits_in). */
-static Out run_kernel(const std::vector<float> &h, const std::vector<float> &w, const std::vector<float> &bias,
-                      const std::vector<float> &logits_in, int R, int E, int G, int tg, int K, int hid, bool scores, int most = 0) {
+/* Outputs for R rows, E experts, top K, poisoned (NaN, -7) so that an unwritten one shows. */
+static Out poisoned_out(int R, int E, int K) {
     Out o;
-    o.logits = scores ? std::vector<float>((size_t)R * E, NAN) : logits_in;
+    o.logits.assign((size_t)R * E, NAN);
     o.wt.assign((size_t)R * K, NAN);
     o.idx.assign((size_t)R * K, -7);
     o.counts.assign(E, -7);
     o.offs.assign(E, -7);
     o.perm.assign((size_t)R * K, -7);
     o.pos.assign((size_t)R * K, -7);
+    return o;
+}
+
+/* The kernel on R rows (h [R, hid], w [E, hid], bias [E]); scores: the block computes them,
+ * else they are given (logits_in). */
+static Out run_kernel(const std::vector<float> &h, const std::vector<float> &w, const std::vector<float> &bias,
+                      const std::vector<float> &logits_in, int R, int E, int G, int tg, int K, int hid, bool scores, int most = 0) {
+    Out o = poisoned_out(R, E, K);
+    if (!scores) o.logits = logits_in;
     RoutePlanArgs a = {scores ? h.data() : nullptr, w.data(), o.logits.data(), bias.data(), R, E, G, tg, K, hid, 1, 2.5f,
                        o.idx.data(), o.wt.data(), o.counts.data(), o.offs.data(), o.perm.data(), o.pos.data(), most};
     std::vector<unsigned long long> smem((size_t)route_plan_smem_bytes(route_warps(kEmuWarps, R, most), E, G, K) / 8 + 1, 0xA5A5A5A5A5A5A5A5ull);
@@ -191,14 +198,7 @@ static void run_case(const char *name, int R, int E, int G, int tg, int K, int h
 static Out run_wide(const std::vector<float> &x, const std::vector<float> &nw, const std::vector<float> &h_in,
                     const std::vector<float> &w, const std::vector<float> &bias, int R, int E, int G, int tg, int K, int hid, int team,
                     bool fold, std::vector<float> *h_out, int *ticket_left) {
-    Out o;
-    o.logits.assign((size_t)R * E, NAN);
-    o.wt.assign((size_t)R * K, NAN);
-    o.idx.assign((size_t)R * K, -7);
-    o.counts.assign(E, -7);
-    o.offs.assign(E, -7);
-    o.perm.assign((size_t)R * K, -7);
-    o.pos.assign((size_t)R * K, -7);
+    Out o = poisoned_out(R, E, K);
     h_out->assign((size_t)R * hid, NAN);
     std::vector<__nv_bfloat16> hn((size_t)R * hid);
     RoutePlanArgs a = {fold ? h_out->data() : h_in.data(), w.data(), o.logits.data(), bias.data(), R, E, G, tg, K, hid, 1, 2.5f,
