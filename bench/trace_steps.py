@@ -11,6 +11,7 @@ and that step's events in order (the timeline of one step). --slice writes three
 median one as a smaller trace for Perfetto / chrome://tracing.
 """
 import argparse
+import bisect
 import json
 import shutil
 import statistics
@@ -60,10 +61,11 @@ def steps_of(ev):
     gpu = sorted((e for e in ev if e["pid"] == 0 and e["cat"] in DEVICE_WORK), key=lambda e: e["ts"])
     host = sorted((e for e in ev if e["pid"] == 1), key=lambda e: e["ts"])
     starts = [e["ts"] for e in gpu if e["cat"] == "kernel" and "embed_kernel" in e["name"]]
+    gts, hts = [e["ts"] for e in gpu], [e["ts"] for e in host]
+    window = lambda evs, ts, a, b: evs[bisect.bisect_left(ts, a):bisect.bisect_left(ts, b)]  # ts in [a, b)
     out = []
     for a, b in zip(starts, starts[1:]):
-        g = [e for e in gpu if a <= e["ts"] < b]
-        h = [e for e in host if a <= e["ts"] < b]
+        g, h = window(gpu, gts, a, b), window(host, hts, a, b)
         busy = union([(e["ts"], min(e["ts"] + e["dur"], b)) for e in g])
         api = {}
         for e in h:

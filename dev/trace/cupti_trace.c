@@ -84,8 +84,7 @@ static const char *memcpy_name(uint8_t kind) {
 
 static void record(const CUpti_Activity *a) {
     switch (a->kind) {
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-    case CUPTI_ACTIVITY_KIND_KERNEL: {
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)a;
         push(LANE_KERNEL, k->name, k->start, k->end, k->streamId, k->correlationId, k->graphId);
         break;
