@@ -18,7 +18,9 @@
  * rows the forward turns into cache rows (prefill, decode) or the rows verified. Memory: device
  * memory in use after loading the model and the peak after the runs. Floors (decode, verify): the
  * bytes of every weight the forward reads, each once, routed experts counted as min(E, rows x
- * top-k) per MoE layer, over kPeakBw (the H200's HBM3e); the cache's few MB are left out. The
+ * top-k) per MoE layer, over the device copy bandwidth measured in the same process (read + written
+ * bytes, bench_copy_bw: what a kernel streaming the weights can reach) and over kPeakBw (the H200's
+ * HBM3e as specified); the cache's few MB are left out. The
  * forward's options come from $KDT_MODEL_FLAGS (include/kdt/model.h). The timed decode steps run between
  * cudaProfilerStart and Stop (`ncu --profile-from-start off`: one decode step's kernels with --decode 1). */
 #include <math.h>
@@ -48,6 +50,7 @@ const char *kKimiDims =
 constexpr int kMaxB = 32, kTree = 16;
 int g_batches[3] = {1, 8, 32}, g_nbatches = 3;
 constexpr double kPeakBw = 4.8e12; /* bytes/s */
+double g_copy_bw;                  /* bytes/s: the device copy measured in this process */
 
 FILE *g_out;
 
@@ -154,8 +157,9 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
     float *t = (float *)malloc((size_t)(reps > D ? reps : D) * sizeof(float));
     bench_emit(g_out, "\n## %s: %.2f GB of weights\n\n", name, weights_gb);
     bench_emit(g_out, "|  B | prefill tokens | prefill ms | prefill tok/s | decode ms | decode tok/s | verify ms | verify rows/s "
-                      "| decode floor ms | x floor | verify floor ms | x floor |\n");
-    bench_emit(g_out, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                      "| decode floor ms | x floor | verify floor ms | x floor | decode floor ms (copy) | x floor (copy) "
+                      "| verify floor ms (copy) | x floor (copy) |\n");
+    bench_emit(g_out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int bi = 0; bi < g_nbatches; bi++) {
         const int B = g_batches[bi];
         /* Warm-up: scratch sized and cuBLAS's choices made for this batch. */
@@ -180,16 +184,19 @@ void run_model(const char *name, kdt_model *m, double weights_gb, int32_t P, int
             for (int r = 0; r < B; r++) KCK(kdt_cache_truncate(b.c, b.req[r], keep));
         }
         const float verify = bench_median(t, D);
-        const double dfloor = floor_bytes(b.m, B) / kPeakBw * 1e3, vfloor = floor_bytes(b.m, (int64_t)B * kTree) / kPeakBw * 1e3;
-        bench_emit(g_out, "| %2d | %6d | %9.2f | %10.0f | %8.3f | %8.0f | %8.3f | %9.0f | %7.3f | %5.2f | %7.3f | %5.2f |\n", B, B * P,
-                   prefill, B * P / (prefill * 1e-3), decode, B / (decode * 1e-3), verify, B * kTree / (verify * 1e-3), dfloor,
-                   decode / dfloor, vfloor, verify / vfloor);
+        const double db = floor_bytes(b.m, B), vb = floor_bytes(b.m, (int64_t)B * kTree);
+        const double dfloor = db / kPeakBw * 1e3, vfloor = vb / kPeakBw * 1e3, dcopy = db / g_copy_bw * 1e3, vcopy = vb / g_copy_bw * 1e3;
+        bench_emit(g_out,
+                   "| %2d | %6d | %9.2f | %10.0f | %8.3f | %8.0f | %8.3f | %9.0f | %7.3f | %5.2f | %7.3f | %5.2f | %7.3f | %5.2f | %7.3f "
+                   "| %5.2f |\n",
+                   B, B * P, prefill, B * P / (prefill * 1e-3), decode, B / (decode * 1e-3), verify, B * kTree / (verify * 1e-3), dfloor,
+                   decode / dfloor, vfloor, verify / vfloor, dcopy, decode / dcopy, vcopy, verify / vcopy);
     }
     int64_t replays = 0, captures = 0;
     kdt_model_graph_counts(b.m, &replays, &captures);
-    bench_emit(g_out, "\nForward options %u; %lld forwards replayed from %lld CUDA graphs. Floors at %.1f TB/s: batch 1 decode reads "
-                      "%.3f GB, a 16-row verify %.3f GB.\n",
-               kdt_model_flags(b.m), (long long)replays, (long long)captures, kPeakBw / 1e12, floor_bytes(b.m, 1) / 1e9,
+    bench_emit(g_out, "\nForward options %u; %lld forwards replayed from %lld CUDA graphs. Floors at %.1f TB/s and at the device "
+                      "copy's %.2f TB/s (this process): batch 1 decode reads %.3f GB, a 16-row verify %.3f GB.\n",
+               kdt_model_flags(b.m), (long long)replays, (long long)captures, kPeakBw / 1e12, g_copy_bw / 1e12, floor_bytes(b.m, 1) / 1e9,
                floor_bytes(b.m, kTree) / 1e9);
     bench_emit(g_out, "\nDevice memory in use after the runs (weights, cache, scratch): %.1f GB\n", used_gb());
     reset(b, kMaxB);
@@ -239,9 +246,11 @@ int main(int argc, char **argv) {
     if (bench_open("bench_model", out_path, &g_out)) return 1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    g_copy_bw = bench_copy_bw();
     bench_emit(g_out,
-               "# kdt_model_forward on %s, %s weights and activations; prompt %d tokens, %d decode steps, trees of %d rows\n",
-               prop.name, kdt_dtype_name(dt), P, D, kTree);
+               "# kdt_model_forward on %s, %s weights and activations; prompt %d tokens, %d decode steps, trees of %d rows; "
+               "device copy %.2f TB/s (read + written)\n",
+               prop.name, kdt_dtype_name(dt), P, D, kTree, g_copy_bw / 1e12);
     double before = used_gb();
     kdt_model *m = NULL;
     if (only != 2) {
