@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Issue 21 (branch pl): plain greedy decoding pipelined (src/spec/decode.c: the argmax inside the
+# forward's graph, the next step queued before the host reads this one's token), beside main built in
+# the same run. SCRIPT_BUDGET 90 s; every step is cut to what is left before $DEADLINE (seconds since
+# the start, default 88). Steps:
+#   build           this tree's kdt, test_spec_pipe and the CUPTI tracer; main's kdt alongside
+#                   ($BASE_BUILD/kdt when that exists, else `git archive $MAIN_REF` built in $BASE);
+#   test_spec_pipe  the pipelined loop on the device: equal to the unpipelined loop and to greedy through
+#                   the model API, eos at the first token, at max_new and at a cache block's edge, a
+#                   session whose requests join and leave, KDT_SPEC_PROFILE;
+#   generate        kdt generate --backend cuda --model models/kdt-small --eos 1 --max-new 256 on the 8
+#                   held-out prompts, plain and --spec lookup --depth 16 --topk 1 --budget 16, new and
+#                   main interleaved (scripts/gpu_generate.sh): tokens/s, outputs equal;
+#   trace           if 15 s are left: this tree's plain timeline (scripts/gpu_trace.sh's CUPTI trace,
+#                   held-out prompt 1, 128 tokens) summarised by bench/trace_steps.py.
+# Prints PASS|FAIL|SKIP <step> (exit, s) per step and INFO lines with the figures; the table in
+# $OUT/pipeline.md, the trace summary in $OUT/trace_plain_new.md, logs in $OUT/logs, the summary in
+# $OUT/summary.txt.   OUT=/tmp/out bash scripts/gpu_pipeline.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kdt-pipeline}
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+: >"$OUT/summary.txt"
+npass=0 nfail=0 nskip=0
+source scripts/gpu_steps.sh     # say, step, test_counts
+source scripts/gpu_generate.sh  # gen_prompts, gen_table
+DEADLINE=${DEADLINE:-88}
+MODEL=models/kdt-small
+MAIN_REF=${MAIN_REF:-main}
+BASE=${BASE:-/tmp/kdt-pipeline-main}
+MAKEVARS=(CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
+source scripts/gpu_deps.sh  # libcjson, PCRE2, libmicrohttpd from .deb/ where missing
+say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); this tree $(git rev-parse --short HEAD 2>/dev/null || echo '?'), main $(git rev-parse --short "$MAIN_REF" 2>/dev/null || echo '?')"
+
+# 1. Builds: main's kdt (unless $BASE_BUILD has one) beside this tree's.
+MAINKDT=""
+main_pid=""
+if [ -n "${BASE_BUILD:-}" ] && [ -x "$BASE_BUILD/kdt" ]; then
+    MAINKDT=$BASE_BUILD/kdt
+    say "INFO  main: $MAINKDT (BASE_BUILD)"
+else
+    rm -rf "$BASE" && mkdir -p "$BASE"
+    { git archive "$MAIN_REF" | tar -x -C "$BASE"; } 2>"$LOGS/main_src.log"
+    if [ -f "$BASE/Makefile" ]; then
+        (cd "$BASE" && exec timeout 60 make -j8 "${MAKEVARS[@]}" BUILD=build build/kdt) >"$LOGS/build_main.log" 2>&1 &
+        main_pid=$!
+    fi
+fi
+step build 60 make -j12 "${MAKEVARS[@]}" BUILD=build build/kdt build/tests/test_spec_pipe build/dev/libkdt_trace.so ||
+    tail -20 "$LOGS/build.log" | tee -a "$OUT/summary.txt"
+if [ -n "$main_pid" ]; then
+    if wait "$main_pid"; then say "PASS  build_main ($SECONDS s since the start)"; else say "FAIL  build_main"; tail -10 "$LOGS/build_main.log" | tee -a "$OUT/summary.txt"; fi
+    [ -x "$BASE/build/kdt" ] && MAINKDT=$BASE/build/kdt
+elif [ -z "$MAINKDT" ]; then
+    say "SKIP  build_main (no main tree: $(head -c 200 "$LOGS/main_src.log" 2>/dev/null))"
+fi
+
+# 2. The pipelined loop's tests on the device.
+if [ -x build/tests/test_spec_pipe ]; then
+    step test_spec_pipe 25 build/tests/test_spec_pipe
+    test_counts test_spec_pipe
+fi
+
+# 3. Plain and lookup, new and main interleaved; 17 s kept for the trace.
+gen_prompts build/kdt "$MAINKDT" "16,1,16" 17
+gen_table "16,1,16" "$OUT/pipeline.md"
+
+# 4. This tree's plain timeline.
+ids=$(sed -n 1p "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
+if [ -f build/dev/libkdt_trace.so ] && [ -x build/kdt ] &&
+    CUDA_INJECTION64_PATH=$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT="$OUT/trace_plain_new.json" \
+        step trace 15 build/kdt generate --model "$MODEL" --backend cuda --prompt-ids "$ids" --max-new 128; then
+    grep -oE 'decode [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tokens/s\)' "$LOGS/trace.log" | sed 's/^/      traced: /' | tee -a "$OUT/summary.txt"
+    python3 bench/trace_steps.py "$OUT/trace_plain_new.json" --label plain_new --skip 8 --out "$OUT/trace_plain_new.md" \
+        --slice "$OUT/trace_plain_new_slice.json" >"$LOGS/trace_summary.log" 2>&1 &&
+        say "      $(sed -n 3p "$OUT/trace_plain_new.md")" || say "FAIL  trace_summary: $(tail -2 "$LOGS/trace_summary.log")"
+    rm -f "$OUT/trace_plain_new.json"
+fi
+say "gpu_pipeline: $npass passed, $nfail failed, $nskip skipped in $SECONDS s (table: $OUT/pipeline.md, logs: $LOGS)"
