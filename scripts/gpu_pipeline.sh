@@ -43,11 +43,11 @@ else
     rm -rf "$BASE" && mkdir -p "$BASE"
     { git archive "$MAIN_REF" | tar -x -C "$BASE"; } 2>"$LOGS/main_src.log"
     if [ -f "$BASE/Makefile" ]; then
-        (cd "$BASE" && exec timeout 60 make -j8 "${MAKEVARS[@]}" BUILD=build build/kdt) >"$LOGS/build_main.log" 2>&1 &
+        (cd "$BASE" && exec timeout 70 make -j8 "${MAKEVARS[@]}" BUILD=build build/kdt) >"$LOGS/build_main.log" 2>&1 &
         main_pid=$!
     fi
 fi
-step build 60 make -j12 "${MAKEVARS[@]}" BUILD=build build/kdt build/tests/test_spec_pipe build/dev/libkdt_trace.so ||
+step build 70 make -j12 "${MAKEVARS[@]}" BUILD=build build/kdt build/tests/test_spec_pipe build/dev/libkdt_trace.so ||
     tail -20 "$LOGS/build.log" | tee -a "$OUT/summary.txt"
 if [ -n "$main_pid" ]; then
     if wait "$main_pid"; then say "PASS  build_main ($SECONDS s since the start)"; else say "FAIL  build_main"; tail -10 "$LOGS/build_main.log" | tee -a "$OUT/summary.txt"; fi
@@ -58,7 +58,7 @@ fi
 
 # 2. The pipelined loop's tests on the device.
 if [ -x build/tests/test_spec_pipe ]; then
-    step test_spec_pipe 25 build/tests/test_spec_pipe
+    step test_spec_pipe 20 build/tests/test_spec_pipe
     test_counts test_spec_pipe
 fi
 
