@@ -195,7 +195,7 @@ typedef struct kdt_batch {
  * [B, vocab], host, may be NULL) and the final hidden states after the last norm ([R, hidden],
  * host, may be NULL: what a drafter that reads the target's states takes). On failure no cache
  * length changes. stream: the CUDA stream (unused on CPU). On CUDA, logits and hidden may also
- * be device memory, and the call returns once they are written. */
+ * be device memory, and the call returns once they are written (with no_wait, once queued). */
 /* What the forward's hidden output holds: with n > 0, the residual streams after layers
  * layers[0 .. n-1] (each in 0 .. num_hidden_layers - 1, the output of that decoder layer, no norm),
  * concatenated per row: hidden [R, n * hidden_size]; n = 0 (the default): the final norm's output

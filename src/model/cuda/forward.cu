@@ -6,7 +6,8 @@
  * rope, the router and every GEMM output that feeds a non-linearity are f32.
  *
  * A forward uploads its small inputs (tokens, positions, cache slots, block-table rows, masks)
- * in one copy, runs every layer on the caller's stream, and waits at the end (the outputs). The
+ * in one copy, runs every layer on the caller's stream (then, where asked, each logits row's argmax:
+ * pick.cu), and waits at the end (the outputs) unless the batch says no_wait. The
  * routed experts of a MoE layer run as cuBLAS GEMMs per expert, sized by the expert row counts
  * (the host waits for them once per MoE layer), or, with KDT_MODEL_MOE_DEVICE and few rows per
  * expert, in moe.cu's kernels from device-side counts: such a forward has no host wait
