@@ -8,6 +8,7 @@
 #   test_spec_pipe  the pipelined loop on the device: equal to the unpipelined loop and to greedy through
 #                   the model API, eos at the first token, at max_new and at a cache block's edge, a
 #                   session whose requests join and leave, KDT_SPEC_PROFILE;
+#   profile_plain   KDT_SPEC_PROFILE=1 on prompt 1: the forward's device time a step (unpipelined);
 #   generate        kdt generate --backend cuda --model models/kdt-small --eos 1 --max-new 256 on the 8
 #                   held-out prompts, plain and --spec lookup --depth 16 --topk 1 --budget 16, new and
 #                   main interleaved (scripts/gpu_generate.sh): tokens/s, outputs equal;
@@ -62,12 +63,17 @@ if [ -x build/tests/test_spec_pipe ]; then
     test_counts test_spec_pipe
 fi
 
-# 3. Plain and lookup, new and main interleaved; 17 s kept for the trace.
+# 3. The forward's device time a plain step (KDT_SPEC_PROFILE: CUDA events, the loop then unpipelined),
+# the floor a pipelined step approaches.
+ids=$(sed -n 1p "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
+KDT_SPEC_PROFILE=1 step profile_plain 15 build/kdt generate --backend cuda --model "$MODEL" --eos 1 --max-new 256 --prompt-ids "$ids" &&
+    grep -o 'decode [0-9]* tokens.*\|profile: .*' "$LOGS/profile_plain.log" | sed 's/^/      /' | tee -a "$OUT/summary.txt"
+
+# 4. Plain and lookup, new and main interleaved; 17 s kept for the trace.
 gen_prompts build/kdt "$MAINKDT" "16,1,16" 17
 gen_table "16,1,16" "$OUT/pipeline.md"
 
-# 4. This tree's plain timeline.
-ids=$(sed -n 1p "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
+# 5. This tree's plain timeline.
 if [ -f build/dev/libkdt_trace.so ] && [ -x build/kdt ] &&
     CUDA_INJECTION64_PATH=$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT="$OUT/trace_plain_new.json" \
         step trace 15 build/kdt generate --model "$MODEL" --backend cuda --prompt-ids "$ids" --max-new 128; then
