@@ -182,8 +182,9 @@ typedef struct kdt_batch {
     /* CUDA only (KDT_ERR_UNSUPPORTED on the CPU), for a decode loop that queues its next step before
      * it reads this one's tokens (docs/spec.md, "Pipelined plain decoding"). Zero: unused. */
     const int32_t *dev_tokens;   /* [R] device: the token ids, read when the forward's work runs (after the
-                                    work queued before it on the stream, e.g. an earlier forward's argmax);
-                                    tokens is then unused and may be NULL */
+                                    work queued before it on the stream, e.g. an earlier forward's argmax;
+                                    may be this forward's argmax, read before it is written); tokens is
+                                    then unused and may be NULL */
     int32_t *argmax;             /* [RL] device: each logits row's argmax (the lowest index among equal values,
                                     NaN only for a row all NaN), computed by the forward's own work */
     int32_t no_wait;             /* 1: return once the work is queued; logits, hidden and argmax must be device

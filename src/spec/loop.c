@@ -81,7 +81,7 @@ static kdt_status to_host(loop *L, void *dst, const void *src, size_t n) {
 
 void kdt_spec_loop_free(loop *L) {
     if (L->fly && L->be == KDT_BACKEND_CUDA) (void)kdt_spec_stream_sync(L->stream); /* a forward of pipelined decoding */
-    be_free(L, L->ring); free(L->fly_slot); kdt_spec_readback_free(L->rb[0]); kdt_spec_readback_free(L->rb[1]);
+    be_free(L, L->pick); free(L->h_picks); free(L->fly_slot); kdt_spec_readback_free(L->rb[0]); kdt_spec_readback_free(L->rb[1]);
     be_free(L, L->scores); be_free(L, L->dtok); be_free(L, L->roots); be_free(L, L->tree_io); be_free(L, L->tree_aux);
     be_free(L, L->pred); be_free(L, L->acc); be_free(L, L->logits); be_free(L, L->hidden); be_free(L, L->d_rows);
     be_free(L, L->samp); be_free(L, L->one); be_free(L, L->probs); be_free(L, L->draft_probs); be_free(L, L->gidx);
@@ -132,8 +132,9 @@ kdt_status kdt_spec_loop_alloc(loop *L, int32_t num_blocks) {
     L->h_samp = host_alloc(L, L->samp, B * 20, &s);
     L->h_one = host_alloc(L, L->one, 7 * B * sizeof(int32_t), &s);
     if (L->pipe) {
-        L->ring = be_alloc(L, 2 * B * sizeof(int32_t), &s);
-        if (s == KDT_OK && !(L->fly_slot = malloc(B * sizeof *L->fly_slot)))
+        L->pick = be_alloc(L, B * sizeof(int32_t), &s);
+        L->h_picks = L->be == KDT_BACKEND_CPU ? malloc(2 * B * sizeof *L->h_picks) : NULL;
+        if (s == KDT_OK && (!(L->fly_slot = malloc(B * sizeof *L->fly_slot)) || (L->be == KDT_BACKEND_CPU && !L->h_picks)))
             s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory");
     }
     for (int32_t b = 0; s == KDT_OK && b < L->B; b++)

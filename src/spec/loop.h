@@ -71,11 +71,12 @@ struct kdt_spec_session {
     void *samp, *h_samp;
     int32_t *one, *h_one;
     /* Pipelined plain decoding (decode.c): on without a drafter unless sync_timing or KDT_SPEC_PROFILE
-     * asks for each step's time. ring [2, B] (backend memory): the picks of two forwards in a row,
-     * tokens of the next; rb: their readbacks. fly forwards (0 .. 2) are queued and not yet read, the
-     * oldest's picks in half fly_half; all of them are for the requests fly_slot [fly_B]. */
+     * asks for each step's time. pick [B] (backend memory): the last forward's picks, the next one's
+     * tokens; rb: the readbacks of two forwards in a row (CUDA), h_picks [2, B] their host copies (CPU).
+     * fly forwards (0 .. 2) are queued and not yet read, the oldest's picks in readback fly_half; all
+     * of them are for the requests fly_slot [fly_B]. */
     int pipe;
-    int32_t *ring;
+    int32_t *pick, *h_picks;
     void *rb[2];
     int32_t fly, fly_half, fly_B, *fly_slot;
 };

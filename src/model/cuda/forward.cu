@@ -344,6 +344,7 @@ struct Fwd {
     bool all;                    /* logits of every row (else of each request's last row) */
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
     int32_t *pick;               /* kdt_batch.argmax [RL] (device); NULL: not wanted */
+    const int32_t *tok_in;       /* kdt_batch.dev_tokens [R] (device), else the upload's tokens */
     const float *mtp_h;          /* an MTP model's mtp_hidden [R, hidden] (device) */
 };
 
@@ -564,7 +565,7 @@ kdt_status compute_layers(Fwd &f) {
     KDT_CUBLAS_CHECK(cublasSetStream(f.x->blas, f.s));
     KDT_CUBLAS_CHECK(cublasSetWorkspace(f.x->blas, f.x->blas_ws, BLAS_WS_BYTES)); /* cublasSetStream drops it */
     f.lc = kdt_lin_ctx{f.x->blas, f.s, d.dt, m->d_deq, u.lt};
-    KDT_TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, u.tokens, d.R, d.hid, f.s));
+    KDT_TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, f.tok_in, d.R, d.hid, f.s));
     KDT_TRY(kdt_mk_rope_table(u.cs, u.sn, u.pos, m->d_inv_freq, d.R, d.half, (float)cf->rope_attention_factor, f.s));
     if (d.mtp) { /* x = eh_proj([enorm(embed); hnorm(h)]) */
         KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_mtp_enorm, cf->rms_norm_eps, nullptr, 0, u.cat, 2 * d.hid, d.dt, f.s));
@@ -615,7 +616,7 @@ kdt_status compute_on(void *arg, cudaStream_t s) {
  * key. $KDT_VA_SM90 picks verify_attn's kernel when a call is queued, so it is part of it. */
 int64_t *graph_key(const Fwd &f, int32_t *n_key) {
     const Plan &p = *f.plan;
-    const int32_t L = f.m->cfg.num_hidden_layers, n = 20 + 5 * p.n_calls + L + f.m->n_hid_layers;
+    const int32_t L = f.m->cfg.num_hidden_layers, n = 21 + 5 * p.n_calls + L + f.m->n_hid_layers;
     const char *va = getenv("KDT_VA_SM90");
     int64_t *k = (int64_t *)malloc((size_t)n * sizeof *k);
     if (!k) return nullptr;
@@ -629,6 +630,7 @@ int64_t *graph_key(const Fwd &f, int32_t *n_key) {
     k[i++] = (int64_t)(uintptr_t)f.log_out;
     k[i++] = (int64_t)(uintptr_t)f.hid_out;
     k[i++] = (int64_t)(uintptr_t)f.pick;
+    k[i++] = (int64_t)(uintptr_t)f.tok_in;
     k[i++] = (int64_t)(uintptr_t)f.x->ws;
     k[i++] = (int64_t)(uintptr_t)f.x->din;
     k[i++] = (int64_t)(uintptr_t)f.c;
@@ -685,6 +687,7 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
     f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : bt->argmax ? f.u.logits : nullptr;
     f.pick = bt->argmax;
+    f.tok_in = bt->dev_tokens ? bt->dev_tokens : f.u.tokens; /* read by the embedding, in stream order */
     f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;
     f.mtp_h = bt->mtp_hidden;
     if (hidden && m->n_hid_layers && f.hid_out != hidden)
@@ -743,8 +746,6 @@ kdt_status forward_planned(Fwd &f, const Plan &plan, const kdt_batch *bt, const 
     fill_inputs(f.c, bt, start, pos, plan, f.d, hb);
     KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->din, f.x->hin, in.off, cudaMemcpyHostToDevice, f.s));
     KDT_CUDA_CHECK(cudaEventRecord(f.x->staged, f.s));
-    if (bt->dev_tokens) /* over the upload's tokens, in stream order after the work that wrote them */
-        KDT_CUDA_CHECK(cudaMemcpyAsync(f.u.tokens, bt->dev_tokens, (size_t)f.d.R * 4, cudaMemcpyDeviceToDevice, f.s));
     return run(f, bt, logits, hidden);
 }
 
