@@ -8,11 +8,12 @@
 #   test_spec_pipe  the pipelined loop on the device: equal to the unpipelined loop and to greedy through
 #                   the model API, eos at the first token, at max_new and at a cache block's edge, a
 #                   session whose requests join and leave, KDT_SPEC_PROFILE;
-#   profile_plain   KDT_SPEC_PROFILE=1 on prompt 1: the forward's device time a step (unpipelined);
+#   profile_*       KDT_SPEC_PROFILE=1 on prompt 1, plain and lookup: the forwards' device time a step
+#                   (unpipelined), first sights and captures;
 #   generate        kdt generate --backend cuda --model models/kdt-small --eos 1 --max-new 256 on the 8
 #                   held-out prompts, plain and --spec lookup --depth 16 --topk 1 --budget 16, new and
 #                   main interleaved (scripts/gpu_generate.sh): tokens/s, outputs equal;
-#   trace           if 15 s are left: this tree's plain timeline (scripts/gpu_trace.sh's CUPTI trace,
+#   trace           in what is left (8 s kept): this tree's plain timeline (scripts/gpu_trace.sh's CUPTI trace,
 #                   held-out prompt 1, 128 tokens) summarised by bench/trace_steps.py.
 # Prints PASS|FAIL|SKIP <step> (exit, s) per step and INFO lines with the figures; the table in
 # $OUT/pipeline.md, the trace summary in $OUT/trace_plain_new.md, logs in $OUT/logs, the summary in
@@ -63,24 +64,36 @@ if [ -x build/tests/test_spec_pipe ]; then
     test_counts test_spec_pipe
 fi
 
-# 3. The forward's device time a plain step (KDT_SPEC_PROFILE: CUDA events, the loop then unpipelined),
-# the floor a pipelined step approaches.
+# 3. Where a step's time goes (KDT_SPEC_PROFILE: CUDA events around each forward, the loop then
+# unpipelined): the forward's device time a plain step, the floor a pipelined step approaches; a lookup
+# step's forwards of one row and of 17, and the forwards that were first sights or captures.
 ids=$(sed -n 1p "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
-KDT_SPEC_PROFILE=1 step profile_plain 15 build/kdt generate --backend cuda --model "$MODEL" --eos 1 --max-new 256 --prompt-ids "$ids" &&
-    grep -o 'decode [0-9]* tokens.*\|profile: .*' "$LOGS/profile_plain.log" | sed 's/^/      /' | tee -a "$OUT/summary.txt"
+for run in plain lookup; do
+    args=()
+    [ $run = lookup ] && args=(--spec lookup --depth 16 --topk 1 --budget 16)
+    KDT_SPEC_PROFILE=1 step "profile_$run" 15 build/kdt generate --backend cuda --model "$MODEL" --eos 1 --max-new 256 \
+        --prompt-ids "$ids" "${args[@]}" &&
+        grep -o 'decode [0-9]* tokens.*\|profile: .*\|time per step.*' "$LOGS/profile_$run.log" | sed "s/^/      $run /" |
+        tee -a "$OUT/summary.txt"
+done
 
-# 4. Plain and lookup, new and main interleaved; 17 s kept for the trace.
-gen_prompts build/kdt "$MAINKDT" "16,1,16" 17
+# 4. Plain and lookup, new and main interleaved; 8 s kept for the trace.
+gen_prompts build/kdt "$MAINKDT" "16,1,16" 8
 gen_table "16,1,16" "$OUT/pipeline.md"
 
-# 5. This tree's plain timeline.
-if [ -f build/dev/libkdt_trace.so ] && [ -x build/kdt ] &&
-    CUDA_INJECTION64_PATH=$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT="$OUT/trace_plain_new.json" \
-        step trace 15 build/kdt generate --model "$MODEL" --backend cuda --prompt-ids "$ids" --max-new 128; then
+# 5. This tree's plain timeline (prompt 1, 128 tokens), in what is left.
+left=$((DEADLINE - SECONDS - 3))
+if [ "$left" -lt 3 ] || [ ! -f build/dev/libkdt_trace.so ] || [ ! -x build/kdt ]; then
+    say "SKIP  trace (${left}s left, or no tracer)"
+elif CUDA_INJECTION64_PATH=$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT="$OUT/trace_plain_new.json" timeout "$left" \
+        build/kdt generate --model "$MODEL" --backend cuda --prompt-ids "$ids" --max-new 128 >"$LOGS/trace.log" 2>&1; then
+    say "PASS  trace ($SECONDS s since the start)"
     grep -oE 'decode [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tokens/s\)' "$LOGS/trace.log" | sed 's/^/      traced: /' | tee -a "$OUT/summary.txt"
-    python3 bench/trace_steps.py "$OUT/trace_plain_new.json" --label plain_new --skip 8 --out "$OUT/trace_plain_new.md" \
+    timeout 10 python3 bench/trace_steps.py "$OUT/trace_plain_new.json" --label plain_new --skip 8 --out "$OUT/trace_plain_new.md" \
         --slice "$OUT/trace_plain_new_slice.json" >"$LOGS/trace_summary.log" 2>&1 &&
         say "      $(sed -n 3p "$OUT/trace_plain_new.md")" || say "FAIL  trace_summary: $(tail -2 "$LOGS/trace_summary.log")"
-    rm -f "$OUT/trace_plain_new.json"
+else
+    say "FAIL  trace (exit $?)"
 fi
+rm -f "$OUT/trace_plain_new.json"  # the full trace is large; the slice and the summary stay
 say "gpu_pipeline: $npass passed, $nfail failed, $nskip skipped in $SECONDS s (table: $OUT/pipeline.md, logs: $LOGS)"
