@@ -13,8 +13,10 @@
 #   generate        kdt generate --backend cuda --model models/kdt-small --eos 1 --max-new 256 on the 8
 #                   held-out prompts, plain and --spec lookup --depth 16 --topk 1 --budget 16, new and
 #                   main interleaved (scripts/gpu_generate.sh): tokens/s, outputs equal;
-#   trace           in what is left (8 s kept): this tree's plain timeline (scripts/gpu_trace.sh's CUPTI trace,
-#                   held-out prompt 1, 128 tokens) summarised by bench/trace_steps.py.
+#   trace           in what is left (12 s kept with trace_lookup): this tree's plain timeline (scripts/gpu_trace.sh's CUPTI trace,
+#                   held-out prompt 1, 128 tokens) summarised by bench/trace_steps.py;
+#   trace_lookup    in what is left: the lookup run's cold forwards (over 3x the median period) and
+#                   the host calls they spend their time in (graph capture, instantiation, module loads).
 # Prints PASS|FAIL|SKIP <step> (exit, s) per step and INFO lines with the figures; the table in
 # $OUT/pipeline.md, the trace summary in $OUT/trace_plain_new.md, logs in $OUT/logs, the summary in
 # $OUT/summary.txt.   OUT=/tmp/out bash scripts/gpu_pipeline.sh
@@ -77,8 +79,8 @@ for run in plain lookup; do
         tee -a "$OUT/summary.txt"
 done
 
-# 4. Plain and lookup, new and main interleaved; 8 s kept for the trace.
-gen_prompts build/kdt "$MAINKDT" "16,1,16" 8
+# 4. Plain and lookup, new and main interleaved; 12 s kept for the traces.
+gen_prompts build/kdt "$MAINKDT" "16,1,16" 12
 gen_table "16,1,16" "$OUT/pipeline.md"
 
 # 5. This tree's plain timeline (prompt 1, 128 tokens), in what is left.
@@ -96,4 +98,34 @@ else
     say "FAIL  trace (exit $?)"
 fi
 rm -f "$OUT/trace_plain_new.json"  # the full trace is large; the slice and the summary stay
+
+# 6. Where a lookup run's cold forwards (first sights, captures) spend their time, in what is left.
+left=$((DEADLINE - SECONDS - 2))
+if [ "$left" -ge 3 ] && [ -f build/dev/libkdt_trace.so ] &&
+    CUDA_INJECTION64_PATH=$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT="$OUT/trace_lookup_new.json" timeout "$left" \
+        build/kdt generate --model "$MODEL" --backend cuda --prompt-ids "$ids" --max-new 128 --spec lookup --depth 16 \
+        --topk 1 --budget 16 >"$LOGS/trace_lookup.log" 2>&1; then
+    timeout 5 python3 - "$OUT/trace_lookup_new.json" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
+import json, statistics, sys
+ev = [e for e in json.load(open(sys.argv[1])).get("traceEvents", []) if e.get("ph") == "X"]
+gpu = sorted((e for e in ev if e["pid"] == 0 and e.get("cat") in ("kernel", "memcpy", "memset")), key=lambda e: e["ts"])
+host = [e for e in ev if e["pid"] == 1]
+starts = [e["ts"] for e in gpu if e.get("cat") == "kernel" and "embed_kernel" in e["name"]]
+steps = [(i, a, b, sum(a <= e["ts"] < b and e["cat"] == "kernel" for e in gpu)) for i, (a, b) in enumerate(zip(starts, starts[1:]))]
+med = statistics.median(b - a for _, a, b, _ in steps) if steps else 0
+cold = [s for s in steps if s[2] - s[1] > 3 * med]
+print(f"INFO  lookup trace: {len(steps)} forwards, median period {med:.1f} us; {len(cold)} over 3x that, "
+      f"{sum(b - a for _, a, b, _ in cold) / 1e3:.2f} ms in all (forward 0: the prefill)")
+for i, a, b, k in cold[:8]:
+    api = {}
+    for e in host:
+        if a <= e["ts"] < b:
+            api[e["name"]] = api.get(e["name"], 0.0) + e["dur"]
+    top = sorted(api.items(), key=lambda t: -t[1])[:4]
+    print(f"      forward {i}: {(b - a) / 1e3:.2f} ms, {k} kernels; host: " + ", ".join(f"{n} {d / 1e3:.2f} ms" for n, d in top))
+EOF
+else
+    say "SKIP  trace_lookup (${left}s left, or it failed)"
+fi
+rm -f "$OUT/trace_lookup_new.json"
 say "gpu_pipeline: $npass passed, $nfail failed, $nskip skipped in $SECONDS s (table: $OUT/pipeline.md, logs: $LOGS)"
