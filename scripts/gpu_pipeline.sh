@@ -13,7 +13,8 @@
 #   generate        kdt generate --backend cuda --model models/kdt-small --eos 1 --max-new 256 on the 8
 #                   held-out prompts, plain and --spec lookup --depth 16 --topk 1 --budget 16, new and
 #                   main interleaved (scripts/gpu_generate.sh): tokens/s, outputs equal;
-#   trace           in what is left (12 s kept with trace_lookup): this tree's plain timeline (scripts/gpu_trace.sh's CUPTI trace,
+#   ab              KDT_SPEC_PIPELINE=1 / 0 (this build pipelined or not), interleaved, prompts 0 and 3;
+#   trace           in what is left (11 s kept with trace_lookup): this tree's plain timeline (scripts/gpu_trace.sh's CUPTI trace,
 #                   held-out prompt 1, 128 tokens) summarised by bench/trace_steps.py;
 #   trace_lookup    in what is left: the lookup run's cold forwards (over 3x the median period) and
 #                   the host calls they spend their time in (graph capture, instantiation, module loads).
@@ -79,11 +80,23 @@ for run in plain lookup; do
         tee -a "$OUT/summary.txt"
 done
 
-# 4. Plain and lookup, new and main interleaved; 12 s kept for the traces.
-gen_prompts build/kdt "$MAINKDT" "16,1,16" 12
+# 4. Plain and lookup, new and main interleaved; 16 s kept for the A/B and the traces.
+gen_prompts build/kdt "$MAINKDT" "16,1,16" 16
 gen_table "16,1,16" "$OUT/pipeline.md"
 
-# 5. This tree's plain timeline (prompt 1, 128 tokens), in what is left.
+# 5. This build pipelined and not (KDT_SPEC_PIPELINE=0), interleaved on prompts 0 and 3 (both run 255
+# tokens): the pipelining's own share, whatever else the tree changes.
+for i in 0 3; do
+    pids=$(sed -n "$((i + 1))p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
+    for pipe in 1 0 1 0; do
+        [ $((DEADLINE - SECONDS)) -gt 11 ] || break
+        r=$(KDT_SPEC_PIPELINE=$pipe timeout 10 build/kdt generate --backend cuda --model "$MODEL" --eos 1 --max-new 256 \
+            --prompt-ids "$pids" 2>&1 >/dev/null | grep -o 'decode [0-9]* tokens in [0-9.]* s ([0-9.]* tokens/s)')
+        say "INFO  ab p$i KDT_SPEC_PIPELINE=$pipe: ${r:-failed}"
+    done
+done
+
+# 6. This tree's plain timeline (prompt 1, 128 tokens), in what is left.
 left=$((DEADLINE - SECONDS - 3))
 if [ "$left" -lt 3 ] || [ ! -f build/dev/libkdt_trace.so ] || [ ! -x build/kdt ]; then
     say "SKIP  trace (${left}s left, or no tracer)"
@@ -99,7 +112,7 @@ else
 fi
 rm -f "$OUT/trace_plain_new.json"  # the full trace is large; the slice and the summary stay
 
-# 6. Where a lookup run's cold forwards (first sights, captures) spend their time, in what is left.
+# 7. Where a lookup run's cold forwards (first sights, captures) spend their time, in what is left.
 left=$((DEADLINE - SECONDS - 2))
 if [ "$left" -ge 3 ] && [ -f build/dev/libkdt_trace.so ] &&
     CUDA_INJECTION64_PATH=$PWD/build/dev/libkdt_trace.so KDT_TRACE_OUT="$OUT/trace_lookup_new.json" timeout "$left" \
