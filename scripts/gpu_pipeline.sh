@@ -14,6 +14,7 @@
 #                   held-out prompts, plain and --spec lookup --depth 16 --topk 1 --budget 16, new and
 #                   main interleaved (scripts/gpu_generate.sh): tokens/s, outputs equal;
 #   ab              KDT_SPEC_PIPELINE=1 / 0 (this build pipelined or not), interleaved, prompts 0 and 3;
+#                   lookup's warm step (cold forwards taken out, KDT_SPEC_PROFILE), new and main;
 #   trace           in what is left (11 s kept with trace_lookup): this tree's plain timeline (scripts/gpu_trace.sh's CUPTI trace,
 #                   held-out prompt 1, 128 tokens) summarised by bench/trace_steps.py;
 #   trace_lookup    in what is left: the lookup run's cold forwards (over 3x the median period) and
@@ -85,14 +86,32 @@ gen_prompts build/kdt "$MAINKDT" "16,1,16" 16
 gen_table "16,1,16" "$OUT/pipeline.md"
 
 # 5. This build pipelined and not (KDT_SPEC_PIPELINE=0), interleaved on prompts 0 and 3 (both run 255
-# tokens): the pipelining's own share, whatever else the tree changes.
+# tokens): the pipelining's own share, whatever else the tree changes. Then lookup's warm step, new and
+# main (KDT_SPEC_PROFILE; the forwards that were first sights or captures taken out: their cost varies by
+# milliseconds run to run, which decides a 256-token lookup run's rate more than the steps do).
 for i in 0 3; do
     pids=$(sed -n "$((i + 1))p" "$MODEL/heldout_prompts.ids" | tr -s ' ' ',' | sed 's/,$//')
-    for pipe in 1 0 1 0; do
+    for pipe in 1 0; do
         [ $((DEADLINE - SECONDS)) -gt 11 ] || break
         r=$(KDT_SPEC_PIPELINE=$pipe timeout 10 build/kdt generate --backend cuda --model "$MODEL" --eos 1 --max-new 256 \
             --prompt-ids "$pids" 2>&1 >/dev/null | grep -o 'decode [0-9]* tokens in [0-9.]* s ([0-9.]* tokens/s)')
         say "INFO  ab p$i KDT_SPEC_PIPELINE=$pipe: ${r:-failed}"
+    done
+    for v in new main; do
+        kdt=build/kdt
+        [ $v = main ] && kdt=$MAINKDT
+        [ -x "$kdt" ] && [ $((DEADLINE - SECONDS)) -gt 11 ] || continue
+        KDT_SPEC_PROFILE=1 timeout 10 "$kdt" generate --backend cuda --model "$MODEL" --eos 1 --max-new 256 --prompt-ids "$pids" \
+            --spec lookup --depth 16 --topk 1 --budget 16 2>&1 >/dev/null | python3 -c '
+import re, sys
+t = sys.stdin.read()
+m = re.search(r"profile: (\d+) steps, ([0-9.]+) us a step", t)
+c = re.search(r"(\d+) step forwards not replayed \(first sights, captures\) took ([0-9.]+) ms", t)
+if not m or not c:
+    sys.exit(print("failed: no profile lines"))
+n, us, k, ms = int(m[1]), float(m[2]), int(c[1]), float(c[2])
+print(f"{n} steps, {us:.1f} us a step; {k} cold forwards {ms:.2f} ms; warm step {(n * us - 1e3 * ms) / max(n - k, 1):.1f} us")
+' | sed "s/^/INFO  lookup p$i $v: /" | tee -a "$OUT/summary.txt"
     done
 done
 
