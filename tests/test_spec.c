@@ -1,6 +1,6 @@
 /* The speculative loop (include/kdt/spec.h) against plain greedy decoding: for every drafter and
  * many (D, K, N), a batch of requests with different prompt lengths must come out token for token
- * as the reference, which is computed here one request at a time through the model API alone
+ * as the reference, computed one request at a time through the model API alone (greedy_ref.c)
  * (and, on the transformers fixtures, the full prompt's continuation must be transformers' own).
  * Drafters: prompt lookup, the model drafter (the target itself: every draft token is right; the
  * target cut to fewer layers; another model), and test drafters: an oracle (the true tokens at
@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/device.h"
+#include "greedy_ref.h"
 #include "harness.h"
 #include "kdt/spec.h"
 #include "spec/internal.h"
@@ -36,28 +37,6 @@ static int32_t rnd_below(int32_t n) { return (int32_t)(rnd() % (uint64_t)n); }
 static const char *fixture_root(void) {
     const char *d = getenv("KDT_MODEL_FIXTURES");
     return d && *d ? d : "tests/fixtures/model";
-}
-
-/* ---- the reference: greedy decoding, one request at a time, through the model API ---- */
-
-/* seq [P + n]: the prompt (already there), then n greedy tokens; hidden [P + n - 1, hid] (may
- * be NULL): the final hidden state of every row fed. */
-static kdt_status greedy_ref(kdt_model *m, int32_t *seq, int32_t P, int32_t n, float *hidden) {
-    const kdt_model_config *cf = kdt_model_get_config(m);
-    kdt_cache *c = NULL;
-    float *logits = malloc((size_t)cf->vocab_size * sizeof *logits);
-    kdt_status s = logits ? kdt_cache_create(m, 1, P + n, 0, &c) : KDT_ERR_NOMEM;
-    const int32_t req = 0;
-    for (int32_t i = 0, fed = 0; s == KDT_OK && i < n; i++) {
-        const int32_t rows = i == 0 ? P : 1;
-        const kdt_batch b = {.B = 1, .req = &req, .n_rows = &rows, .tokens = seq + fed, .logits_rows = KDT_LOGITS_LAST};
-        s = kdt_model_forward(m, c, &b, logits, hidden ? hidden + (size_t)fed * cf->hidden_size : NULL, NULL);
-        fed += rows;
-        seq[P + i] = kt_argmax(logits, cf->vocab_size);
-    }
-    kdt_cache_free(c);
-    free(logits);
-    return s;
 }
 
 /* A batch of requests and their references. */
@@ -96,7 +75,7 @@ static kdt_status reqset_make(kdt_model *m, reqset *rs, int32_t B, const int32_t
             else if (i >= 6 && rnd_below(3) > 0) rs->seq[b][i] = rs->seq[b][i - 6 + rnd_below(3)];
             else rs->seq[b][i] = rnd_below(rs->V);
         }
-        s = greedy_ref(m, rs->seq[b], P[b], max_new[b] + EXTRA, rs->hidden[b]);
+        s = kt_greedy_ref(m, rs->seq[b], P[b], max_new[b] + EXTRA, rs->hidden[b]);
     }
     return s;
 }

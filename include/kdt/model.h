@@ -179,6 +179,16 @@ typedef struct kdt_batch {
     kdt_logits_rows logits_rows;
     const float *mtp_hidden;     /* [R, hidden] host (device on CUDA): an MTP model's (kdt_model_load_mtp) other input, the
                                     target's hidden state paired with each row's token; NULL otherwise */
+    /* CUDA only (KDT_ERR_UNSUPPORTED on the CPU), for a decode loop that queues its next step before
+     * it reads this one's tokens (docs/spec.md, "Pipelined plain decoding"). Zero: unused. */
+    const int32_t *dev_tokens;   /* [R] device: the token ids, read when the forward's work runs (after the
+                                    work queued before it on the stream, e.g. an earlier forward's argmax;
+                                    may be this forward's argmax, read before it is written); tokens is
+                                    then unused and may be NULL */
+    int32_t *argmax;             /* [RL] device: each logits row's argmax (the lowest index among equal values,
+                                    NaN only for a row all NaN), computed by the forward's own work */
+    int32_t no_wait;             /* 1: return once the work is queued; logits, hidden and argmax must be device
+                                    memory, ready after the stream reaches this point */
 } kdt_batch;
 
 /* Runs the model over the batch's rows, appends their latent KV rows to the cache (a chain
@@ -186,7 +196,7 @@ typedef struct kdt_batch {
  * [B, vocab], host, may be NULL) and the final hidden states after the last norm ([R, hidden],
  * host, may be NULL: what a drafter that reads the target's states takes). On failure no cache
  * length changes. stream: the CUDA stream (unused on CPU). On CUDA, logits and hidden may also
- * be device memory, and the call returns once they are written. */
+ * be device memory, and the call returns once they are written (with no_wait, once queued). */
 /* What the forward's hidden output holds: with n > 0, the residual streams after layers
  * layers[0 .. n-1] (each in 0 .. num_hidden_layers - 1, the output of that decoder layer, no norm),
  * concatenated per row: hidden [R, n * hidden_size]; n = 0 (the default): the final norm's output

@@ -407,7 +407,9 @@ kdt_status kdt_cache_commit(kdt_cache *c, int32_t B, const int32_t *req, int32_t
 static kdt_status check_batch(const kdt_model *m, const kdt_cache *c, const kdt_batch *bt, int64_t *R_out) {
     kdt_status s = check_reqs(c, bt->B, bt->req, "forward");
     if (s != KDT_OK) return s;
-    if (!bt->n_rows || !bt->tokens) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: n_rows or tokens is NULL");
+    if (!bt->n_rows || (!bt->tokens && !bt->dev_tokens)) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: n_rows or tokens is NULL");
+    if ((bt->dev_tokens || bt->argmax || bt->no_wait) && m->backend != KDT_BACKEND_CUDA)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: dev_tokens, argmax and no_wait are for the CUDA backend");
     if (bt->logits_rows != KDT_LOGITS_ALL && bt->logits_rows != KDT_LOGITS_LAST)
         return kdt_fail(KDT_ERR_INVALID_ARG, "forward: logits_rows = %d is not KDT_LOGITS_ALL or KDT_LOGITS_LAST", (int)bt->logits_rows);
     int64_t R = 0, blocks = 0, mask_off = 0;
@@ -421,7 +423,7 @@ static kdt_status check_batch(const kdt_model *m, const kdt_cache *c, const kdt_
                             n, c->max_len);
         blocks += blocks_for(have + n) - blocks_for(have);
         for (int32_t i = 0; i < n; i++) {
-            const int32_t tok = bt->tokens[R + i];
+            const int32_t tok = bt->dev_tokens ? 0 : bt->tokens[R + i]; /* device tokens: an argmax's, in range */
             if (tok < 0 || tok >= m->cfg.vocab_size)
                 return kdt_fail(KDT_ERR_INVALID_ARG, "forward: token %d of request %d is %d, outside 0 .. %d", i, bt->req[b], tok,
                                 m->cfg.vocab_size - 1);

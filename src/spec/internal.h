@@ -63,6 +63,14 @@ kdt_status kdt_spec_span_begin(void **span, void *stream);
 kdt_status kdt_spec_span_end(void *span, void *stream, double *acc);
 void kdt_spec_span_free(void *span);
 
+/* A copy to the host that the host waits for later (pipelined decoding, src/spec/decode.c): start
+ * queues nbytes of src (device) into *rb's pinned buffer on stream, then an event (*rb is made by
+ * the first start, with room for cap bytes); wait blocks until that point of the stream is reached
+ * and gives the pinned copy. */
+kdt_status kdt_spec_readback_start(void **rb, const void *src, size_t nbytes, size_t cap, void *stream);
+kdt_status kdt_spec_readback_wait(void *rb, const void **host);
+void kdt_spec_readback_free(void *rb);
+
 #ifdef __cplusplus
 }
 #endif

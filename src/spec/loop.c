@@ -80,6 +80,8 @@ static kdt_status to_host(loop *L, void *dst, const void *src, size_t n) {
 }
 
 void kdt_spec_loop_free(loop *L) {
+    if (L->fly && L->be == KDT_BACKEND_CUDA) (void)kdt_spec_stream_sync(L->stream); /* a forward of pipelined decoding */
+    be_free(L, L->pick); free(L->h_picks); free(L->fly_slot); kdt_spec_readback_free(L->rb[0]); kdt_spec_readback_free(L->rb[1]);
     be_free(L, L->scores); be_free(L, L->dtok); be_free(L, L->roots); be_free(L, L->tree_io); be_free(L, L->tree_aux);
     be_free(L, L->pred); be_free(L, L->acc); be_free(L, L->logits); be_free(L, L->hidden); be_free(L, L->d_rows);
     be_free(L, L->samp); be_free(L, L->one); be_free(L, L->probs); be_free(L, L->draft_probs); be_free(L, L->gidx);
@@ -129,6 +131,12 @@ kdt_status kdt_spec_loop_alloc(loop *L, int32_t num_blocks) {
     L->one = be_alloc(L, 7 * B * sizeof(int32_t), &s);
     L->h_samp = host_alloc(L, L->samp, B * 20, &s);
     L->h_one = host_alloc(L, L->one, 7 * B * sizeof(int32_t), &s);
+    if (L->pipe) {
+        L->pick = be_alloc(L, B * sizeof(int32_t), &s);
+        L->h_picks = L->be == KDT_BACKEND_CPU ? malloc(2 * B * sizeof *L->h_picks) : NULL;
+        if (s == KDT_OK && (!(L->fly_slot = malloc(B * sizeof *L->fly_slot)) || (L->be == KDT_BACKEND_CPU && !L->h_picks)))
+            s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory");
+    }
     for (int32_t b = 0; s == KDT_OK && b < L->B; b++)
         if (!(L->hist[b] = malloc((size_t)L->max_len * sizeof **L->hist)))
             s = kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory for slot %d's history", b);
@@ -158,8 +166,7 @@ kdt_status kdt_spec_loop_alloc(loop *L, int32_t num_blocks) {
 
 /* ---- requests ---- */
 
-/* Appends tok to slot s's history and output; ends the request at max_new or eos. */
-static void push(loop *L, int32_t s, int32_t tok) {
+void kdt_spec_push(loop *L, int32_t s, int32_t tok) {
     kdt_spec_request *r = L->reqs[s];
     L->hist[s][L->hist_len[s]++] = tok;
     r->out[r->n_out++] = tok;
@@ -193,11 +200,12 @@ static kdt_draft_ctx ctx_of(const loop *L) {
     return (kdt_draft_ctx){.B = L->Ba, .slot = L->act, .history = L->act_hist, .hist_len = L->act_len};
 }
 
-/* timed: a step's forward, whose device time KDT_SPEC_PROFILE measures. */
+/* timed: a step's forward, whose device time KDT_SPEC_PROFILE measures. pick (CUDA, may be NULL):
+ * each logits row's argmax, made inside the forward, which then returns without waiting for it. */
 static kdt_status forward(loop *L, const int32_t *tokens, const int32_t *pos, const uint8_t *mask, kdt_logits_rows rows,
-                          float *hidden, int timed) {
+                          float *hidden, int timed, int32_t *pick) {
     const kdt_batch bt = {.B = L->Ba, .req = L->act, .n_rows = L->n_rows, .tokens = tokens, .positions = pos,
-                          .tree_mask = mask, .logits_rows = rows};
+                          .tree_mask = mask, .logits_rows = rows, .argmax = pick, .no_wait = pick != NULL};
     timed = timed && L->profile;
     int64_t replays = 0, captures = 0, replays1 = 0, captures1 = 0;
     double dev = 0.0;
@@ -308,7 +316,7 @@ static kdt_status prefill(loop *L) {
     }
     for (int32_t a = 0; a < L->Ba; a++)
         memcpy(tok + L->row_start[a], L->reqs[L->act[a]]->prompt + L->filled[L->act[a]], (size_t)L->n_rows[a] * sizeof *tok);
-    s = forward(L, tok, NULL, NULL, KDT_LOGITS_LAST, hidden, 0);
+    s = forward(L, tok, NULL, NULL, KDT_LOGITS_LAST, hidden, 0, NULL);
     free(tok);
     if (s == KDT_OK) s = next_tokens(L);
     /* Keeps only the requests whose prompt is now cached, with their first token. */
@@ -316,7 +324,7 @@ static kdt_status prefill(loop *L) {
     for (int32_t a = 0; s == KDT_OK && a < L->Ba; a++) {
         const int32_t slot = L->act[a];
         if ((L->filled[slot] += L->n_rows[a]) < L->reqs[slot]->prompt_len) continue;
-        push(L, slot, L->h_pred[a]);
+        kdt_spec_push(L, slot, L->h_pred[a]);
         L->act[Bf] = slot;
         L->act_hist[Bf] = L->hist[slot];
         L->act_len[Bf] = L->hist_len[slot];
@@ -452,11 +460,15 @@ static kdt_status verify(loop *L) {
         R += n;
         moff += (int64_t)n * n;
     }
-    if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden, 1)) != KDT_OK) return s;
-    for (int32_t a = 0; a < Ba; a++) L->st->drafted += v.num_nodes[a];
-    if (L->sampling) return KDT_OK;
     /* A host step of one row each needs no row table on the device: target_pred [Ba] (accept spreads it). */
     L->pred_q = host_step(L) && rows == 1 ? 1 : Q;
+    /* Where the forward's rows are target_pred's (Q per request, or one in a host step), the argmax
+     * runs inside the forward (its CUDA graph), and the step's one wait is for what accept reads. */
+    const int in_forward = L->be == KDT_BACKEND_CUDA && !L->sampling && (rows == Q || L->pred_q == 1);
+    if ((s = forward(L, L->f_tok, L->f_pos, L->f_mask, KDT_LOGITS_ALL, L->hidden, 1, in_forward ? L->pred : NULL)) != KDT_OK)
+        return s;
+    for (int32_t a = 0; a < Ba; a++) L->st->drafted += v.num_nodes[a];
+    if (L->sampling || in_forward) return KDT_OK;
     return L->pred_q == 1 ? argmax(L, 1, 0) : argmax(L, Q, rows != Q);
 }
 
@@ -528,7 +540,7 @@ static kdt_status accept(loop *L) {
         r->accepted += len;
         L->st->accepted += len;
         L->n_new[a] = 0;
-        for (int32_t t = 0; t <= len && !L->done[slot]; t++, L->n_new[a]++) push(L, slot, h.accept_tokens[(size_t)a * Q + t]);
+        for (int32_t t = 0; t <= len && !L->done[slot]; t++, L->n_new[a]++) kdt_spec_push(L, slot, h.accept_tokens[(size_t)a * Q + t]);
         L->act_len[a] = L->hist_len[slot];
         L->st->tokens += L->n_new[a];
     }
@@ -600,12 +612,12 @@ static kdt_status greedy_step(loop *L) {
     double t = kdt_spec_now();
     for (int32_t a = 0; a < L->Ba; a++) L->n_rows[a] = 1;
     for (int32_t a = 0; a < L->Ba; a++) L->f_tok[a] = L->act_hist[a][L->act_len[a] - 1];
-    kdt_status s = forward(L, L->f_tok, NULL, NULL, KDT_LOGITS_LAST, NULL, 1);
+    kdt_status s = forward(L, L->f_tok, NULL, NULL, KDT_LOGITS_LAST, NULL, 1, NULL);
     if (s == KDT_OK) s = next_tokens(L);
     if (s != KDT_OK) return s;
     for (int32_t a = 0; a < L->Ba; a++) {
         L->reqs[L->act[a]]->steps++;
-        push(L, L->act[a], L->h_pred[a]);
+        kdt_spec_push(L, L->act[a], L->h_pred[a]);
     }
     L->st->tokens += L->Ba;
     return lap(L, &t, &L->st->t_verify);
@@ -620,7 +632,9 @@ kdt_status kdt_spec_loop_step(loop *L) {
     if (s == KDT_OK && L->Ba > 0) {
         st->steps++;
         st->request_steps += L->Ba;
-        s = L->dr ? spec_step(L) : greedy_step(L);
+        if (L->dr) s = spec_step(L);
+        else if (L->pipe && !L->sampling) s = kdt_spec_decode_step(L);
+        else if ((s = kdt_spec_decode_settle(L)) == KDT_OK && L->Ba > 0) s = greedy_step(L); /* sampling */
     }
     return s;
 }

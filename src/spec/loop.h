@@ -70,6 +70,15 @@ struct kdt_spec_session {
     int hidden_layers;          /* the model was asked for the drafter's target layers (undone at free) */
     void *samp, *h_samp;
     int32_t *one, *h_one;
+    /* Pipelined plain decoding (decode.c): on without a drafter unless sync_timing or KDT_SPEC_PROFILE
+     * asks for each step's time. pick [B] (backend memory): the last forward's picks, the next one's
+     * tokens; rb: the readbacks of two forwards in a row (CUDA), h_picks [2, B] their host copies (CPU).
+     * fly forwards (0 .. 2) are queued and not yet read, the oldest's picks in readback fly_half; all
+     * of them are for the requests fly_slot [fly_B]. */
+    int pipe;
+    int32_t *pick, *h_picks;
+    void *rb[2];
+    int32_t fly, fly_half, fly_B, *fly_slot;
 };
 
 double     kdt_spec_now(void);                                  /* monotonic seconds */
@@ -78,3 +87,13 @@ void       kdt_spec_loop_free(loop *L);                         /* what kdt_spec
 /* One session step: the prefill chunk of the requests still prefilling, then one speculative (or
  * plain) step over those decoding, with the statistics. */
 kdt_status kdt_spec_loop_step(loop *L);
+/* Appends tok to slot s's history and output; ends the request at max_new or eos. */
+void       kdt_spec_push(loop *L, int32_t s, int32_t tok);
+
+/* Pipelined plain decoding (decode.c). step: one greedy step of the active requests (no sampling):
+ * queues the next forward, then reads the oldest in flight. settle: reads every forward in flight
+ * and drops the active requests that ended. cancel: waits for the forwards in flight and drops
+ * them, their cache rows cut (a request leaves the session). */
+kdt_status kdt_spec_decode_step(loop *L);
+kdt_status kdt_spec_decode_settle(loop *L);
+kdt_status kdt_spec_decode_cancel(loop *L);

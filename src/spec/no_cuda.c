@@ -46,6 +46,15 @@ kdt_status kdt_spec_span_end(void *span, void *stream, double *acc) {
     return kdt_no_cuda("speculative loop: profiling events");
 }
 void kdt_spec_span_free(void *span) { (void)span; }
+kdt_status kdt_spec_readback_start(void **rb, const void *src, size_t nbytes, size_t cap, void *stream) {
+    (void)rb; (void)src; (void)nbytes; (void)cap; (void)stream;
+    return kdt_no_cuda("speculative loop: pipelined copy");
+}
+kdt_status kdt_spec_readback_wait(void *rb, const void **host) {
+    (void)rb; (void)host;
+    return kdt_no_cuda("speculative loop: pipelined copy");
+}
+void kdt_spec_readback_free(void *rb) { (void)rb; }
 kdt_status dfl_dev_create(const dfl_model *m, const dfl_config *c, uint64_t seed, const void *embed, const void *lm_head,
                           kdt_dtype dt, int32_t slots, int32_t max_len, int32_t D, dfl_dev **out) {
     (void)m; (void)c; (void)seed; (void)embed; (void)lm_head; (void)dt; (void)slots; (void)max_len; (void)D;

@@ -49,6 +49,8 @@ kdt_status kdt_spec_session_create(kdt_model *m, kdt_drafter *dr, const kdt_spec
     L->Q = L->N + 1;
     L->host_tree = dr && dr->host_candidates && L->be == KDT_BACKEND_CUDA;
     L->profile = L->be == KDT_BACKEND_CUDA && getenv("KDT_SPEC_PROFILE") && strcmp(getenv("KDT_SPEC_PROFILE"), "0") != 0;
+    const char *pipe = getenv("KDT_SPEC_PIPELINE"); /* "0": plain decoding unpipelined, to compare */
+    L->pipe = !dr && !p->sync_timing && !L->profile && !(pipe && strcmp(pipe, "0") == 0);
     kdt_status s = kdt_spec_loop_alloc(L, num_blocks);
     if (s == KDT_OK && n_layers > 0) s = kdt_model_set_hidden_layers(m, n_layers, dr->hidden_layers);
     if (s == KDT_OK && dr) {
@@ -126,6 +128,8 @@ kdt_status kdt_spec_session_remove(kdt_spec_session *L, int32_t slot) {
     if (!L || slot < 0 || slot >= L->B)
         return kdt_fail(KDT_ERR_INVALID_ARG, "spec_session_remove: slot %d out of range", slot);
     if (!L->reqs[slot]) return KDT_OK;
+    kdt_status s = kdt_spec_decode_cancel(L); /* a forward in flight may hold the slot's next row */
+    if (s != KDT_OK) return s;
     L->reqs[slot] = NULL;
     L->n_reserved -= L->reserved[slot];
     L->reserved[slot] = 0;

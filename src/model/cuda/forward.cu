@@ -6,7 +6,8 @@
  * rope, the router and every GEMM output that feeds a non-linearity are f32.
  *
  * A forward uploads its small inputs (tokens, positions, cache slots, block-table rows, masks)
- * in one copy, runs every layer on the caller's stream, and waits at the end (the outputs). The
+ * in one copy, runs every layer on the caller's stream (then, where asked, each logits row's argmax:
+ * pick.cu), and waits at the end (the outputs) unless the batch says no_wait. The
  * routed experts of a MoE layer run as cuBLAS GEMMs per expert, sized by the expert row counts
  * (the host waits for them once per MoE layer), or, with KDT_MODEL_MOE_DEVICE and few rows per
  * expert, in moe.cu's kernels from device-side counts: such a forward has no host wait
@@ -25,6 +26,7 @@
 #include "model/cuda.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/linear.h"
+#include "model/cuda/pick.cuh"
 #include "model/cuda/route.h"
 
 /* The q_a and kv_a norms use transformers' default eps, as on the CPU. */
@@ -69,6 +71,8 @@ struct kdt_cuda_ctx {
     void *blas_ws;               /* [BLAS_WS_BYTES] cuBLAS workspace */
     cudaStream_t cap;            /* where graphs are captured (never run on) */
     kdt_graphs *graphs;
+    cudaEvent_t staged;          /* recorded after each upload from hin: hin may be rewritten once it is reached */
+    bool queued;                 /* the last forward returned before its work ran (kdt_batch.no_wait) */
 };
 
 namespace {
@@ -339,6 +343,8 @@ struct Fwd {
     bool pdl;                    /* KDT_MODEL_PDL: the model's kernels with programmatic dependent launch */
     bool all;                    /* logits of every row (else of each request's last row) */
     float *log_out, *hid_out;    /* where the device work writes logits and hidden; NULL: not wanted */
+    int32_t *pick;               /* kdt_batch.argmax [RL] (device); NULL: not wanted */
+    const int32_t *tok_in;       /* kdt_batch.dev_tokens [R] (device), else the upload's tokens */
     const float *mtp_h;          /* an MTP model's mtp_hidden [R, hidden] (device) */
 };
 
@@ -511,7 +517,7 @@ kdt_status moe(Fwd &f, int32_t l) {
  * attention entries' kv_len and block-table rows, the masks (the batch's trees, or causal). */
 void fill_inputs(const kdt_cache *c, const kdt_batch *bt, const int32_t *start, const int32_t *pos, const Plan &p,
                  const Dims &d, const Bufs &h) {
-    memcpy(h.tokens, bt->tokens, (size_t)d.R * 4);
+    if (!bt->dev_tokens) memcpy(h.tokens, bt->tokens, (size_t)d.R * 4);
     memcpy(h.pos, pos, (size_t)d.R * 4);
     for (int32_t b = 0, r = 0, last = -1; b < bt->B; b++) {
         const int32_t *table = c->block_table + (size_t)bt->req[b] * c->MB;
@@ -559,7 +565,7 @@ kdt_status compute_layers(Fwd &f) {
     KDT_CUBLAS_CHECK(cublasSetStream(f.x->blas, f.s));
     KDT_CUBLAS_CHECK(cublasSetWorkspace(f.x->blas, f.x->blas_ws, BLAS_WS_BYTES)); /* cublasSetStream drops it */
     f.lc = kdt_lin_ctx{f.x->blas, f.s, d.dt, m->d_deq, u.lt};
-    KDT_TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, u.tokens, d.R, d.hid, f.s));
+    KDT_TRY(kdt_mk_embed(u.x, m->d_embed, d.dt, f.tok_in, d.R, d.hid, f.s));
     KDT_TRY(kdt_mk_rope_table(u.cs, u.sn, u.pos, m->d_inv_freq, d.R, d.half, (float)cf->rope_attention_factor, f.s));
     if (d.mtp) { /* x = eh_proj([enorm(embed); hnorm(h)]) */
         KDT_TRY(kdt_mk_rmsnorm(u.x, d.hid, nullptr, d.R, d.hid, m->d_mtp_enorm, cf->rms_norm_eps, nullptr, 0, u.cat, 2 * d.hid, d.dt, f.s));
@@ -596,7 +602,8 @@ kdt_status compute(Fwd &f) {
     kdt_mk_set_pdl(f.pdl);
     const kdt_status s = compute_layers(f);
     kdt_mk_set_pdl(0);
-    return s;
+    if (s != KDT_OK || !f.pick) return s;
+    return kdt_mk_argmax(f.log_out, f.d.V, (int32_t)f.d.RL, 1, nullptr, f.pick, f.s); /* in the graph: no host turn for the pick */
 }
 
 kdt_status compute_on(void *arg, cudaStream_t s) {
@@ -609,7 +616,7 @@ kdt_status compute_on(void *arg, cudaStream_t s) {
  * key. $KDT_VA_SM90 picks verify_attn's kernel when a call is queued, so it is part of it. */
 int64_t *graph_key(const Fwd &f, int32_t *n_key) {
     const Plan &p = *f.plan;
-    const int32_t L = f.m->cfg.num_hidden_layers, n = 19 + 5 * p.n_calls + L + f.m->n_hid_layers;
+    const int32_t L = f.m->cfg.num_hidden_layers, n = 21 + 5 * p.n_calls + L + f.m->n_hid_layers;
     const char *va = getenv("KDT_VA_SM90");
     int64_t *k = (int64_t *)malloc((size_t)n * sizeof *k);
     if (!k) return nullptr;
@@ -622,6 +629,8 @@ int64_t *graph_key(const Fwd &f, int32_t *n_key) {
     k[i++] = f.all;
     k[i++] = (int64_t)(uintptr_t)f.log_out;
     k[i++] = (int64_t)(uintptr_t)f.hid_out;
+    k[i++] = (int64_t)(uintptr_t)f.pick;
+    k[i++] = (int64_t)(uintptr_t)f.tok_in;
     k[i++] = (int64_t)(uintptr_t)f.x->ws;
     k[i++] = (int64_t)(uintptr_t)f.x->din;
     k[i++] = (int64_t)(uintptr_t)f.c;
@@ -676,11 +685,16 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
      * hidden layers, a model without nope dims): programmatic edges kernel after kernel. */
     f.pdl = (graph || d.R <= PDL_MAX_ROWS) && (m->flags & KDT_MODEL_PDL) && d.nope && !(hidden && m->n_hid_layers);
     f.all = bt->logits_rows == KDT_LOGITS_ALL;
-    f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : nullptr;
+    f.log_out = logits ? (on_device(logits) ? logits : f.u.logits) : bt->argmax ? f.u.logits : nullptr;
+    f.pick = bt->argmax;
+    f.tok_in = bt->dev_tokens ? bt->dev_tokens : f.u.tokens; /* read by the embedding, in stream order */
     f.hid_out = hidden ? (on_device(hidden) ? hidden : f.u.hf) : nullptr;
     f.mtp_h = bt->mtp_hidden;
     if (hidden && m->n_hid_layers && f.hid_out != hidden)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: intermediate layers' hidden states go to device memory on CUDA");
+    if (bt->no_wait && ((logits && f.log_out != logits) || (hidden && f.hid_out != hidden) || (bt->argmax && !on_device(bt->argmax))))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "forward: no_wait needs logits, hidden and argmax in device memory");
+    if (bt->argmax && !on_device(bt->argmax)) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: argmax must be device memory");
     if (f.d.mtp && !on_device(bt->mtp_hidden))
         return kdt_fail(KDT_ERR_INVALID_ARG, "forward: an MTP model's mtp_hidden must be device memory on CUDA");
     if (graph) {
@@ -697,7 +711,8 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
         KDT_CUDA_CHECK(cudaMemcpyAsync(logits, f.log_out, (size_t)d.RL * d.V * 4, cudaMemcpyDeviceToHost, f.s));
     if (hidden && f.hid_out != hidden)
         KDT_CUDA_CHECK(cudaMemcpyAsync(hidden, f.hid_out, (size_t)d.R * d.hid * 4, cudaMemcpyDeviceToHost, f.s));
-    KDT_CUDA_CHECK(cudaStreamSynchronize(f.s));
+    f.x->queued = bt->no_wait != 0;
+    if (!f.x->queued) KDT_CUDA_CHECK(cudaStreamSynchronize(f.s));
     return KDT_OK;
 }
 
@@ -711,6 +726,9 @@ kdt_status forward_planned(Fwd &f, const Plan &plan, const kdt_batch *bt, const 
     layout_inputs(in, hb, f.d, plan);
     layout_scratch(sc, f.u, f.d, &f.m->cfg);
     const void *din = f.x->din, *ws = f.x->ws;
+    /* A forward still queued (no_wait) may be reading hin, din and ws: growing frees them. */
+    if (f.x->queued && (in.off > f.x->hin_bytes || in.off > f.x->din_bytes || sc.off > f.x->ws_bytes))
+        KDT_CUDA_CHECK(cudaDeviceSynchronize());
     KDT_TRY(grow(&f.x->hin, &f.x->hin_bytes, in.off, 1));
     KDT_TRY(grow(&f.x->din, &f.x->din_bytes, in.off, 0));
     KDT_TRY(grow(&f.x->ws, &f.x->ws_bytes, sc.off, 0));
@@ -723,8 +741,11 @@ kdt_status forward_planned(Fwd &f, const Plan &plan, const kdt_batch *bt, const 
         KDT_CUDA_CHECK(cudaMemset(f.u.ticket, 0, sizeof *f.u.ticket));
         KDT_CUDA_CHECK(cudaDeviceSynchronize());
     }
+    if (!f.x->staged) KDT_CUDA_CHECK(cudaEventCreateWithFlags(&f.x->staged, cudaEventDisableTiming));
+    KDT_CUDA_CHECK(cudaEventSynchronize(f.x->staged)); /* the previous upload has read hin (at once unless it was queued) */
     fill_inputs(f.c, bt, start, pos, plan, f.d, hb);
     KDT_CUDA_CHECK(cudaMemcpyAsync(f.x->din, f.x->hin, in.off, cudaMemcpyHostToDevice, f.s));
+    KDT_CUDA_CHECK(cudaEventRecord(f.x->staged, f.s));
     return run(f, bt, logits, hidden);
 }
 
@@ -739,6 +760,7 @@ extern "C" void kdt_cuda_ctx_free(kdt_cuda_ctx *x) {
     if (x->h_counts) (void)cudaFreeHost(x->h_counts);
     if (x->blas_ws) (void)cudaFree(x->blas_ws);
     if (x->cap) (void)cudaStreamDestroy(x->cap);
+    if (x->staged) (void)cudaEventDestroy(x->staged);
     kdt_graphs_free(x->graphs);
     free(x);
 }

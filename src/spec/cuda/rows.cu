@@ -1,6 +1,6 @@
 /* The speculative loop's device work besides the ops (src/spec/internal.h): the greedy argmax of
- * the target's logits into target_pred, a draft model's top-K with log-softmax scores, and the
- * loop's stream-ordered copies. One block per logits row; the rules are the host versions'
+ * the target's logits into target_pred (model/cuda/pick.cu's kernel), a draft model's top-K with
+ * log-softmax scores, and the loop's stream-ordered copies. One block per logits row; the rules are the host versions'
  * (src/spec/rows.c): the lowest index wins among equal values, NaN never wins an argmax unless
  * the whole row is NaN, non-finite values are never top-K candidates nor part of the softmax. */
 #include <climits>
@@ -9,46 +9,12 @@
 
 #include "common/cuda/cuda_common.cuh"
 #include "common/sample_math.h"
+#include "model/cuda/pick.cuh"
 #include "spec/internal.h"
 
 namespace {
 
 constexpr int kThreads = 256;
-/* The argmax reads a row with 1024 threads and 16-byte loads: a decode step's one row of 8192 logits
- * is two loads a thread, one round trip instead of the 32 dependent ones of 256 threads. */
-constexpr int kArgmaxThreads = 1024;
-
-struct Best {
-    float v;
-    int i;
-};
-
-/* 1 when (bv, bi) comes before (av, ai) in argmax order: larger value, NaN last, lower index. */
-__device__ bool argmax_before(float bv, int bi, float av, int ai) {
-    if (isnan(bv) != isnan(av)) return !isnan(bv);
-    if (isnan(bv) || bv == av) return bi < ai;
-    return bv > av;
-}
-
-/* Block-wide reduction of one Best per thread (kN threads); the result lands in every thread. */
-template <int kN = kThreads, typename Before>
-__device__ Best block_best(Best b, Before before) {
-    __shared__ float sv[kN / 32];
-    __shared__ int si[kN / 32];
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_down_sync(0xffffffffu, b.v, o);
-        const int oi = __shfl_down_sync(0xffffffffu, b.i, o);
-        if (before(ov, oi, b.v, b.i)) b = {ov, oi};
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads(); /* the shared slots may still be read by a previous call */
-    if (lane == 0) sv[warp] = b.v, si[warp] = b.i;
-    __syncthreads();
-    b = {sv[0], si[0]};
-    for (int w = 1; w < kN / 32; w++)
-        if (before(sv[w], si[w], b.v, b.i)) b = {sv[w], si[w]};
-    return b;
-}
 
 __device__ double block_sum(double x) {
     __shared__ double s[kThreads / 32];
@@ -59,36 +25,6 @@ __device__ double block_sum(double x) {
     double t = 0;
     for (int w = 0; w < kThreads / 32; w++) t += s[w];
     return t;
-}
-
-/* Block (a, i): pred[a * Q + i] = argmax of logits row rows[a] + i when i < rows[Ba + a], else -1;
- * without rows, row a * Q + i of Q per request. kVec: rows read as float4 (V % 4 == 0, x 16-byte
- * aligned). The argmax order is total, so the result does not depend on the reduction's shape. */
-template <bool kVec>
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float *__restrict__ x, int32_t V, int32_t Q,
-                                                                const int32_t *__restrict__ rows, int32_t Ba, int32_t *__restrict__ pred) {
-    const int a = blockIdx.x / Q, i = blockIdx.x % Q;
-    const int n = rows ? rows[Ba + a] : Q;
-    if (i >= n) {
-        if (threadIdx.x == 0) pred[blockIdx.x] = -1;
-        return;
-    }
-    const float *row = x + ((int64_t)(rows ? rows[a] : a * Q) + i) * V;
-    Best b = {NAN, INT_MAX};
-    if (kVec) {
-        for (int j = threadIdx.x; j < V / 4; j += kArgmaxThreads) {
-            const float4 v = ((const float4 *)row)[j];
-            const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (argmax_before(e[k], 4 * j + k, b.v, b.i)) b = {e[k], 4 * j + k};
-        }
-    } else {
-        for (int j = threadIdx.x; j < V; j += kArgmaxThreads)
-            if (argmax_before(row[j], j, b.v, b.i)) b = {row[j], j};
-    }
-    b = block_best<kArgmaxThreads>(b, argmax_before);
-    if (threadIdx.x == 0) pred[blockIdx.x] = b.i < V ? b.i : 0;
 }
 
 /* Top-K order: finite values only, larger first, then the lower index. */
@@ -109,13 +45,13 @@ __global__ void topk_kernel(const float *__restrict__ x, int32_t V, int32_t K, f
     float last_v = INFINITY, mx = 0;
     int last_i = -1, found = 0;
     for (int k = 0; k < K; k++) {
-        Best b = {NAN, INT_MAX};
+        kdt_best b = {NAN, INT_MAX};
         for (int j = threadIdx.x; j < V; j += kThreads) {
             const float v = row[j];
             const bool after = k == 0 || v < last_v || (v == last_v && j > last_i);
             if (after && topk_before(v, j, b.v, b.i)) b = {v, j};
         }
-        b = block_best(b, topk_before);
+        b = kdt_block_best<kThreads>(b, topk_before);
         if (!isfinite(b.v)) break;
         if (threadIdx.x == 0) sc[k] = b.v, tk[k] = b.i;
         if (k == 0) mx = b.v;
@@ -151,7 +87,7 @@ __global__ void sample_kernel(const float *__restrict__ x, int32_t V, int32_t K,
     }
     float m = -INFINITY;
     for (int j = threadIdx.x; j < V; j += kThreads) m = fmaxf(m, kdt_sample_key(row[j], T));
-    m = block_best({m, 0}, argmax_before).v;
+    m = kdt_block_best<kThreads>({m, 0}, kdt_argmax_before).v;
     const int seg = (V + kThreads - 1) / kThreads, lo = min(V, (int)threadIdx.x * seg), hi = min(V, lo + seg);
     double part = 0;
     for (int j = lo; j < hi; j++) part += q[j] = kdt_sample_weight(kdt_sample_key(row[j], T), m) * 0x1p-32f;
@@ -207,14 +143,7 @@ extern "C" kdt_status kdt_spec_gather_rows_cuda(const float *src, int32_t V, con
 
 extern "C" kdt_status kdt_spec_argmax_cuda(const float *x, int32_t V, int32_t Ba, int32_t Q, const int32_t *rows, int32_t *pred,
                                            void *stream) {
-    if (Ba <= 0) return KDT_OK;
-    const unsigned g = (unsigned)(Ba * Q);
-    if (V % 4 == 0 && (uintptr_t)x % 16 == 0)
-        argmax_kernel<true><<<g, kArgmaxThreads, 0, (cudaStream_t)stream>>>(x, V, Q, rows, Ba, pred);
-    else
-        argmax_kernel<false><<<g, kArgmaxThreads, 0, (cudaStream_t)stream>>>(x, V, Q, rows, Ba, pred);
-    KDT_CUDA_CHECK_LAUNCH("spec argmax");
-    return KDT_OK;
+    return kdt_mk_argmax(x, V, Ba, Q, rows, pred, (cudaStream_t)stream);
 }
 
 extern "C" kdt_status kdt_spec_topk_cuda(const float *x, int64_t R, int32_t V, int32_t K, float *scores, int32_t *tokens,
@@ -285,4 +214,43 @@ extern "C" void kdt_spec_span_free(void *span) {
     for (int i = 0; ev && i < 2; i++)
         if (ev[i]) (void)cudaEventDestroy(ev[i]);
     free(ev);
+}
+
+namespace {
+struct Readback {
+    void *host;                  /* pinned */
+    size_t cap;
+    cudaEvent_t ev;
+};
+} // namespace
+
+extern "C" kdt_status kdt_spec_readback_start(void **rbp, const void *src, size_t nbytes, size_t cap, void *stream) {
+    Readback *rb = (Readback *)*rbp;
+    if (!rb) {
+        if (!(rb = (Readback *)calloc(1, sizeof *rb))) return kdt_fail(KDT_ERR_NOMEM, "speculative loop: out of memory");
+        *rbp = rb;
+        KDT_CUDA_CHECK(cudaMallocHost(&rb->host, cap ? cap : 1));
+        rb->cap = cap;
+        KDT_CUDA_CHECK(cudaEventCreateWithFlags(&rb->ev, cudaEventDisableTiming));
+    }
+    if (nbytes > rb->cap) return kdt_fail(KDT_ERR_INTERNAL, "speculative loop: a readback of %zu bytes, room for %zu", nbytes, rb->cap);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (nbytes) KDT_CUDA_CHECK(cudaMemcpyAsync(rb->host, src, nbytes, cudaMemcpyDeviceToHost, st));
+    KDT_CUDA_CHECK(cudaEventRecord(rb->ev, st));
+    return KDT_OK;
+}
+
+extern "C" kdt_status kdt_spec_readback_wait(void *rbp, const void **host) {
+    Readback *rb = (Readback *)rbp;
+    KDT_CUDA_CHECK(cudaEventSynchronize(rb->ev));
+    *host = rb->host;
+    return KDT_OK;
+}
+
+extern "C" void kdt_spec_readback_free(void *rbp) {
+    Readback *rb = (Readback *)rbp;
+    if (!rb) return;
+    if (rb->host) (void)cudaFreeHost(rb->host);
+    if (rb->ev) (void)cudaEventDestroy(rb->ev);
+    free(rb);
 }
