@@ -10,8 +10,8 @@ extern "C" int kdt_sgemm_auto_cfg(kdt_sgemm_fmt fmt, int32_t M) {
     return M <= 8 ? 1 : 3;
 }
 
-extern "C" kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, float *y, int32_t M,
-                                    int32_t N, int32_t K, int accumulate, void *stream) {
+extern "C" kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, void *y, int32_t M,
+                                    int32_t N, int32_t K, unsigned flags, void *stream) {
     static const char *const names[] = {"sgemm bf16", "sgemm fp8", "sgemm int4"};
     if ((unsigned)fmt > KDT_SGEMM_INT4) return kdt_fail(KDT_ERR_INVALID_ARG, "sgemm: format %d is not bf16, fp8 or int4", (int)fmt);
     const char *what = names[fmt];
@@ -23,17 +23,20 @@ extern "C" kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, c
     if (((uintptr_t)x | (uintptr_t)w) % 16 || (uintptr_t)scale % (fmt == KDT_SGEMM_FP8 ? 4 : fmt == KDT_SGEMM_INT4 ? 2 : 1) ||
         (fmt != KDT_SGEMM_BF16 && !scale))
         return kdt_fail(KDT_ERR_INVALID_ARG, "%s: x and w must be 16-byte aligned, the scales present and aligned to their type", what);
+    if ((flags & KDT_SGEMM_GLU) && (fmt != KDT_SGEMM_BF16 || (flags & KDT_SGEMM_ACCUMULATE) || N % 2))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: GLU needs bf16 weights of an even N (%d) and no accumulate", what, N);
     if (M == 0) return KDT_OK;
     if (!cfg) cfg = kdt_sgemm_auto_cfg(fmt, M);
+    if (flags & KDT_SGEMM_GLU) cfg = 2; /* a gate and an up row tile a warp */
     const cudaStream_t st = (cudaStream_t)stream;
     switch (fmt) {
-    case KDT_SGEMM_BF16: return kdt_sgemm_launch_bf16(cfg, x, w, scale, y, M, N, K, accumulate, st, what);
-    case KDT_SGEMM_FP8: return kdt_sgemm_launch_fp8(cfg, x, w, scale, y, M, N, K, accumulate, st, what);
-    default: return kdt_sgemm_launch_int4(cfg, x, w, scale, y, M, N, K, accumulate, st, what);
+    case KDT_SGEMM_BF16: return kdt_sgemm_launch_bf16(cfg, x, w, scale, y, M, N, K, flags, st, what);
+    case KDT_SGEMM_FP8: return kdt_sgemm_launch_fp8(cfg, x, w, scale, y, M, N, K, flags, st, what);
+    default: return kdt_sgemm_launch_int4(cfg, x, w, scale, y, M, N, K, flags, st, what);
     }
 }
 
-extern "C" kdt_status kdt_sgemm(kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N,
-                                int32_t K, int accumulate, void *stream) {
-    return kdt_sgemm_cfg(0, fmt, x, w, scale, y, M, N, K, accumulate, stream);
+extern "C" kdt_status kdt_sgemm(kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, void *y, int32_t M, int32_t N,
+                                int32_t K, unsigned flags, void *stream) {
+    return kdt_sgemm_cfg(0, fmt, x, w, scale, y, M, N, K, flags, stream);
 }

@@ -201,18 +201,59 @@ __device__ __forceinline__ uint2 int4_scales(const uint16_t *__restrict__ s16, i
     return make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
 }
 
+/* Programmatic dependent launch (KDT_SGEMM_PDL): wait for the previous grid (complete, its writes visible),
+ * then let the next kernel be scheduled; both do nothing in a plain launch. */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* kdt_mk_silu_mul's silu(g) * u, rounded to bf16. */
+__device__ __forceinline__ __nv_bfloat16 silu_mul(float g, float u) { return __float2bfloat16_rn(g / (1.0f + expf(-g)) * u); }
+
+/* KDT_SGEMM_GLU with a K split: the cluster's partial tiles summed in rank order as tile_reduce does, a gate
+ * row (row tile 0 of its warp) with its up row (row tile 1) by the same thread, out bf16 [M, I]. */
+template <int kMT>
+__device__ __forceinline__ void glu_reduce(float *red, const float (&acc)[2][kMT][4], __nv_bfloat16 *__restrict__ out, int M, int I,
+                                           int j0) {
+    constexpr int kRows = 32 * kWarps, kPitch = kRows + 4, kOut = 16 * kWarps;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    tile_stash<2, kMT, kWarps>(red, acc);
+    cluster.sync();
+    const int S = gridDim.y, rank = blockIdx.y, total = min(M, kMT * 8) * kOut;
+    for (int e = rank * total / S + threadIdx.x; e < (rank + 1) * total / S; e += kThreads) {
+        const int m = e / kOut, j = e % kOut, rg = 32 * (j / 16) + j % 16; /* red's gate row; its up row is rg + 16 */
+        float gv = 0, uv = 0;
+        for (int q = 0; q < S; q++) {
+            const float *r = cluster.map_shared_rank(red, q) + m * kPitch + rg;
+            gv += r[0];
+            uv += r[16];
+        }
+        if (j0 + j < I) out[(size_t)m * I + j0 + j] = silu_mul(gv, uv);
+    }
+    cluster.sync(); /* no block leaves while another reads its partials */
+}
+
 /* y [M, N] (+)= x [M, K] . dequant(w)^T. Grid (ceil(N / (64 kTR)), S), clusters of (1, S, 1) when S > 1:
- * block y = rank = slice of K. Rows past N and x rows past M are read clamped and never written. */
-template <int kFmt, int kTR, int kMT, int kD, bool kLdsm>
+ * block y = rank = slice of K. Rows past N and x rows past M are read clamped and never written.
+ * kGlu (kTR 2): warp row tile 0 holds gate rows, tile 1 the up rows I = N / 2 further, 64 outputs a block.
+ * The ring's first kD steps (weights only) load before pdl_wait. */
+template <int kFmt, int kTR, int kMT, int kD, bool kLdsm, bool kGlu>
 __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
-                                                      const void *__restrict__ scale, float *__restrict__ y, int M, int N, int K,
-                                                      int accumulate) {
+                                                      const void *__restrict__ scale, void *__restrict__ yv, int M, int N, int K,
+                                                      unsigned flags) {
     constexpr int kK = step_k<kFmt>(), kRows = 16 * kTR * kWarps;
     static_assert(128 % (16 * kTR) == 0, "a warp's rows in one FP8 block row");
+    static_assert(!kGlu || (kTR == 2 && kFmt == KDT_SGEMM_BF16), "GLU: bf16, a gate and an up row tile a warp");
     __shared__ float red[8 * kMT * (kRows + 4)];
     __shared__ uint4 tbuf[kLdsm ? kWarps * kTR * 2 * 32 : 1]; /* int4's transposes, 2 kTR slots of 32 a warp */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * kRows, nw = n0 + warp * 16 * kTR, S = gridDim.y, rank = blockIdx.y;
+    const int I = N / 2, nr = kGlu ? 16 : 16 * kTR; /* rows of output a warp */
+    const int n0 = blockIdx.x * nr * kWarps, nw = n0 + warp * nr, S = gridDim.y, rank = blockIdx.y;
+    float *y = (float *)yv;
     const int steps = (K + kK - 1) / kK, c0 = rank * steps / S, c1 = (rank + 1) * steps / S;
     const long long ldw = kFmt == KDT_SGEMM_BF16 ? 2ll * K : kFmt == KDT_SGEMM_FP8 ? (long long)K : K / 2; /* bytes a row */
     const int ng = K / 32;
@@ -226,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
     for (int r = 0; r < kTR; r++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            row[r][h] = min(nw + 16 * r + 8 * h + g, N - 1);
+            row[r][h] = kGlu ? r * I + min(nw + 8 * h + g, I - 1) : min(nw + 16 * r + 8 * h + g, N - 1);
             wr[r][h] = w + row[r][h] * ldw + 16 * t;
         }
     const __nv_bfloat16 *xr[kMT];
@@ -251,6 +292,7 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
     float acc[kTR][kMT][4] = {};
 #pragma unroll
     for (int d = 0; d < kD; d++) load(c0 + d, d);
+    pdl_wait();
     for (int c = c0; c < c1; c += kD) {
 #pragma unroll
         for (int d = 0; d < kD; d++) {
@@ -268,8 +310,20 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
         }
     }
 
+    const bool accumulate = flags & KDT_SGEMM_ACCUMULATE;
+    if constexpr (kGlu) {
+        if (S > 1) return glu_reduce<kMT>(red, acc, (__nv_bfloat16 *)yv, M, I, n0);
+#pragma unroll
+        for (int i = 0; i < kMT; i++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int n = nw + g + 8 * (c >> 1), m = 8 * i + 2 * t + (c & 1);
+                if (n < I && m < M) ((__nv_bfloat16 *)yv)[(size_t)m * I + n] = silu_mul(acc[0][i][c], acc[1][i][c]);
+            }
+        return;
+    }
     if (S > 1) {
-        tile_reduce<kTR, kMT, kWarps>(red, acc, y, M, N, 0, n0, accumulate != 0);
+        tile_reduce<kTR, kMT, kWarps>(red, acc, y, M, N, 0, n0, accumulate);
         return;
     }
 #pragma unroll
@@ -285,12 +339,35 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
             }
 }
 
+/* Grid (tiles, S) in clusters of (1, S, 1), with programmatic stream serialization when flags ask. */
+template <int kFmt, int kTR, int kMT, int kD, bool kLdsm, bool kGlu>
+cudaError_t launch_kernel(int tiles, int S, cudaStream_t st, const void *x, const void *w, const void *scale, void *y, int M, int N,
+                          int K, unsigned flags) {
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = S;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(tiles, S);
+    c.blockDim = dim3(kThreads);
+    c.stream = st;
+    c.attrs = at;
+    c.numAttrs = flags & KDT_SGEMM_PDL ? 2 : 1;
+    return cudaLaunchKernelEx(&c, sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm, kGlu>, (const __nv_bfloat16 *)x, (const uint8_t *)w, scale,
+                              y, M, N, K, flags);
+}
+
 template <int kFmt, int kTR, int kMT, int kD, bool kLdsm>
-kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, int S,
+kdt_status launch_mt(const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags, int S,
                      cudaStream_t st, const char *what) {
-    const int tiles = (N + 64 * kTR - 1) / (64 * kTR);
-    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm>, dim3(tiles, S), kThreads, 0, S, st,
-                                         (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y, M, N, K, accumulate);
+    const bool glu = kTR == 2 && kFmt == KDT_SGEMM_BF16 && (flags & KDT_SGEMM_GLU);
+    const int tiles = glu ? (N / 2 + 16 * kWarps - 1) / (16 * kWarps) : (N + 64 * kTR - 1) / (64 * kTR);
+    const cudaError_t e = glu ? launch_kernel<kFmt, kTR, kMT, kD, kLdsm, kTR == 2 && kFmt == KDT_SGEMM_BF16>(tiles, S, st, x, w, scale,
+                                                                                                            y, M, N, K, flags)
+                              : launch_kernel<kFmt, kTR, kMT, kD, kLdsm, false>(tiles, S, st, x, w, scale, y, M, N, K, flags);
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d blocks in clusters of %d: %s", what, tiles, S, S, cudaGetErrorString(e));
     KDT_CUDA_CHECK_LAUNCH(what);
@@ -308,7 +385,7 @@ kdt_status k_split(int N, int K, int *S) {
         int dev = 0, sms = 0, per_sm = 0;
         KDT_CUDA_CHECK(cudaGetDevice(&dev));
         KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, 2, 2, 4, kFmt == KDT_SGEMM_INT4>,
+        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, 2, 2, 4, kFmt == KDT_SGEMM_INT4, false>,
                                                                      kThreads, 0));
         resident = sms * max(per_sm, 1);
     }
@@ -318,29 +395,29 @@ kdt_status k_split(int N, int K, int *S) {
 }
 
 template <int kFmt, int kTR, int kD, bool kLdsm>
-kdt_status launch_cfg(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st,
+kdt_status launch_cfg(const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags, cudaStream_t st,
                       const char *what) {
     int S = 1;
     KDT_TRY(k_split<kFmt>(N, K, &S));
     switch ((M + 7) / 8) {
-    case 1: return launch_mt<kFmt, kTR, 1, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    case 2: return launch_mt<kFmt, kTR, 2, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    case 3: return launch_mt<kFmt, kTR, 3, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    default: return launch_mt<kFmt, kTR, 4, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    case 1: return launch_mt<kFmt, kTR, 1, kD, kLdsm>(x, w, scale, y, M, N, K, flags, S, st, what);
+    case 2: return launch_mt<kFmt, kTR, 2, kD, kLdsm>(x, w, scale, y, M, N, K, flags, S, st, what);
+    case 3: return launch_mt<kFmt, kTR, 3, kD, kLdsm>(x, w, scale, y, M, N, K, flags, S, st, what);
+    default: return launch_mt<kFmt, kTR, 4, kD, kLdsm>(x, w, scale, y, M, N, K, flags, S, st, what);
     }
 }
 
 template <int kFmt>
-kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate,
+kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags,
                       cudaStream_t st, const char *what) {
     /* cfgs 4 and 5 of bf16 and fp8 are 3 and 2 (the kLdsm term below): the transpose is int4's alone */
 #define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c] && kFmt == KDT_SGEMM_INT4>
     switch (cfg) {
-    case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, accumulate, st, what);
-    case 2: return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, accumulate, st, what);
-    case 3: return KDT_SGEMM_CFG(3)(x, w, scale, y, M, N, K, accumulate, st, what);
-    case 4: return KDT_SGEMM_CFG(4)(x, w, scale, y, M, N, K, accumulate, st, what);
-    default: return KDT_SGEMM_CFG(5)(x, w, scale, y, M, N, K, accumulate, st, what);
+    case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, flags, st, what);
+    case 2: return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, flags, st, what);
+    case 3: return KDT_SGEMM_CFG(3)(x, w, scale, y, M, N, K, flags, st, what);
+    case 4: return KDT_SGEMM_CFG(4)(x, w, scale, y, M, N, K, flags, st, what);
+    default: return KDT_SGEMM_CFG(5)(x, w, scale, y, M, N, K, flags, st, what);
     }
 #undef KDT_SGEMM_CFG
 }
@@ -349,7 +426,7 @@ kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, 
 
 /* The launch of one format, cfg 1 .. KDT_SGEMM_CFGS - 1, arguments checked (stream_gemm_<fmt>.cu). */
 #define KDT_SGEMM_LAUNCH_ARGS                                                                                            \
-    int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st, \
+    int cfg, const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags, cudaStream_t st, \
         const char *what
 kdt_status kdt_sgemm_launch_bf16(KDT_SGEMM_LAUNCH_ARGS);
 kdt_status kdt_sgemm_launch_fp8(KDT_SGEMM_LAUNCH_ARGS);
