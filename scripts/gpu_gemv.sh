@@ -8,6 +8,8 @@
 #   test_quant_gemm: kdt_sgemm against the CPU (every format and cfg, PDL, GLU, M = 1 .. 32, bits M to M);
 #   gemv: bench_quant_gemm --gemv, Kimi's bf16 projection shapes at M = 1, 4, 16: cuBLAS against kdt_sgemm
 #     (each bf16 cfg with PDL, the picked one without, GLU) and the copy ceiling of the same run;
+#   split: dev/cuda/gemv_split_bench, the same shapes with every K split S and bf16 cfg (PDL): the library's
+#     pick against the fastest;
 #   bench_model --only kimi --batches 1,8 (decode and 16-row verify against the floor): this tree, this tree
 #     with only bf16 weights up to 128 MB on kdt_sgemm (KDT_LIN_SGEMM_BF16_MB=128: q_a+kv_a, q_b, o, the
 #     shared expert), with none (=0: bf16 on cuBLAS as before), main;
@@ -23,7 +25,7 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 BUILD=${BUILD:-build}
 DEADLINE=${DEADLINE:-145}
-source scripts/gpu_notes.sh # note, step, counts
+source scripts/gpu_notes.sh # note, step, counts, tests
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh
@@ -45,16 +47,8 @@ else
     else note "baseline: none (no main in git)"; fi
 fi
 step build 110 make -j16 "${MAKEVARS[@]}" "$T/test_quant_gemm" "$T/test_model_cuda" "$T/test_model_graph" "$T/test_quant_cuda" \
-    "$BQG" "$BM" "$BQ" || grep -E 'error' "$LOGS/build.log" | head -20
+    "$BQG" "$BM" "$BQ" "$BUILD/dev/gemv_split_bench" || grep -E 'error' "$LOGS/build.log" | head -20
 
-tests() { # tests NAME LIMIT: runs $T/NAME, notes PASS / FAIL with its counts
-    [ -x "$T/$1" ] || { note "$1: FAIL (not built)"; return; }
-    step "$1" "$2" "$T/$1"
-    local rc=$? f
-    f=$(grep -c '^FAIL' "$LOGS/$1.log")
-    grep -E '^FAIL ' "$LOGS/$1.log" | head -8
-    note "$1: $([ "$rc" = 0 ] && [ "$f" = 0 ] && grep -q '^PASS' "$LOGS/$1.log" && echo PASS || echo FAIL) ($(counts "$LOGS/$1.log"), exit $rc)"
-}
 tests test_quant_gemm 20
 grep -E 'sgemm (glu|bf16 M 16)' "$LOGS/test_quant_gemm.log" | head -4
 
@@ -63,6 +57,11 @@ if [ -x "$BQG" ]; then
     grep -E '^- copy' "$OUT/gemv.md" 2>/dev/null | while read -r l; do note "gemv: $l"; done
     grep -E '^gemv ' "$LOGS/gemv.log" | while read -r l; do note "$l"; done
 else note "gemv: FAIL (not built)"; fi
+
+if [ -x "$BUILD/dev/gemv_split_bench" ]; then
+    step split 25 "$BUILD/dev/gemv_split_bench" --out "$OUT/split.md"
+    grep -E '^split ' "$LOGS/split.log" | while read -r l; do note "$l"; done
+else note "split: FAIL (not built)"; fi
 
 if [ -n "$base_pid" ]; then # the timings run with no build beside them
     wait "$base_pid"
