@@ -82,20 +82,25 @@ __device__ __forceinline__ uint4 ldsm_transposed(const uint4 *buf, int lane) {
     return r;
 }
 
-/* One bf16 step (32 k): lane t's 8 k kb + 8t .. of each row; mma j takes words 2j, 2j + 1. */
-template <int kTR, int kMT>
-__device__ __forceinline__ void step_bf16(float (&acc)[kTR][kMT][4], const uint4 (&v)[kTR][2], const __nv_bfloat16 *const (&xr)[kMT],
-                                          int kb, int K, int t) {
+/* x's 16 bytes of a bf16 step (32 k) for each column tile: lane t's 8 k kb + 8t .. of its row; loaded a step
+ * ahead of their mmas (an x line's first reader in an SM waits on L2). */
+template <int kMT>
+__device__ __forceinline__ void x_bf16(uint4 (&xv)[kMT], const __nv_bfloat16 *const (&xr)[kMT], int kb, int K, int t) {
     const int k = kb + 8 * t;
 #pragma unroll
-    for (int i = 0; i < kMT; i++) {
-        const uint4 xv = ld_x(xr[i] + k, k < K);
+    for (int i = 0; i < kMT; i++) xv[i] = ld_x(xr[i] + k, k < K);
+}
+
+/* One bf16 step (32 k): lane t's 8 k of each row and of x (x_bf16); mma j takes words 2j, 2j + 1. */
+template <int kTR, int kMT>
+__device__ __forceinline__ void step_bf16(float (&acc)[kTR][kMT][4], const uint4 (&v)[kTR][2], const uint4 (&xv)[kMT]) {
+#pragma unroll
+    for (int i = 0; i < kMT; i++)
 #pragma unroll
         for (int r = 0; r < kTR; r++) {
-            mma(acc[r][i], v[r][0].x, v[r][1].x, v[r][0].y, v[r][1].y, xv.x, xv.y);
-            mma(acc[r][i], v[r][0].z, v[r][1].z, v[r][0].w, v[r][1].w, xv.z, xv.w);
+            mma(acc[r][i], v[r][0].x, v[r][1].x, v[r][0].y, v[r][1].y, xv[i].x, xv[i].y);
+            mma(acc[r][i], v[r][0].z, v[r][1].z, v[r][0].w, v[r][1].w, xv[i].z, xv[i].w);
         }
-    }
 }
 
 /* One fp8 step (64 k): lane t's 16 k kb + 16t ..; mma j takes byte word j (k + 4j ..): bytes 0, 2 in
@@ -293,6 +298,8 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
 #pragma unroll
     for (int d = 0; d < kD; d++) load(c0 + d, d);
     pdl_wait();
+    uint4 xn[kMT]; /* bf16: x of the next step */
+    if constexpr (kFmt == KDT_SGEMM_BF16) x_bf16<kMT>(xn, xr, c0 * kK, K, t);
     for (int c = c0; c < c1; c += kD) {
 #pragma unroll
         for (int d = 0; d < kD; d++) {
@@ -302,7 +309,13 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
                 for (int r = 0; r < kTR; r++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) v[r][h] = wv[d][r][h];
-                if constexpr (kFmt == KDT_SGEMM_BF16) step_bf16<kTR, kMT>(acc, v, xr, (c + d) * kK, K, t);
+                if constexpr (kFmt == KDT_SGEMM_BF16) {
+                    uint4 xv[kMT];
+#pragma unroll
+                    for (int i = 0; i < kMT; i++) xv[i] = xn[i];
+                    if (c + d + 1 < c1) x_bf16<kMT>(xn, xr, (c + d + 1) * kK, K, t);
+                    step_bf16<kTR, kMT>(acc, v, xv);
+                }
                 else if constexpr (kFmt == KDT_SGEMM_FP8) step_fp8<kTR, kMT>(acc, v, fs[d], xr, (c + d) * kK, K, t);
                 else step_int4<kTR, kMT, kLdsm>(acc, v, is[d], xr, (c + d) * kK, K, t, tbuf + (warp * kTR * 2) * 32);
             }
