@@ -10,12 +10,12 @@
 #     (each bf16 cfg with PDL, the picked one without, GLU) and the copy ceiling of the same run;
 #   split: dev/cuda/gemv_split_bench, the same shapes with every K split S and bf16 cfg (PDL): the library's
 #     pick against the fastest;
-#   bench_model --only kimi --batches 1,8 (decode and 16-row verify against the floor): this tree, this tree
-#     with only bf16 weights up to 128 MB on kdt_sgemm (KDT_LIN_SGEMM_BF16_MB=128: q_a+kv_a, q_b, o, the
-#     shared expert), with none (=0: bf16 on cuBLAS as before), main;
+#   bench_model --only kimi --batches 1,8 (decode and 16-row verify against the floor): this tree (bf16 on
+#     cuBLAS), this tree with every bf16 product of <= 16 rows on kdt_sgemm (KDT_LIN_SGEMM_BF16_MB=1000000), main;
 #   bench_model_quant --only int4 --gb 110 --decode 16 --batch 1 (K2.6 layout): this tree, main;
 #   the model's CUDA tests (test_model_cuda, test_model_graph, test_quant_cuda);
-#   ncu per kernel of one batch-1 Kimi-dims decode step (graphs off): this tree, main.
+#   ncu per kernel of one batch-1 Kimi-dims decode step (graphs off): this tree with the bf16 products on
+#     kdt_sgemm, main.
 # One "## " line a step (PASS / FAIL and its figures), the summary last; logs in $OUT/logs, tables in $OUT.
 #   OUT=/tmp/out bash scripts/gpu_gemv.sh
 set -u
@@ -75,8 +75,7 @@ bm() { # bm NAME BIN [VAR=VALUE]: its decode and verify rows at B = 1, 8
     note "$1: $(awk -F'|' '/^\| +(1|8) \|/ { gsub(/ /, ""); printf "B=%s decode %s ms (%sx floor), verify %s ms (%sx); ", $2, $6, $11, $8, $13 }' "$OUT/$1.md" 2>/dev/null)"
 }
 bm bench_model_new "$BM"
-bm bench_model_small "$BM" KDT_LIN_SGEMM_BF16_MB=128
-bm bench_model_cublas "$BM" KDT_LIN_SGEMM_BF16_MB=0
+bm bench_model_sgemm "$BM" KDT_LIN_SGEMM_BF16_MB=1000000
 bm bench_model_main "$BBM"
 
 bq() { # bq NAME BIN: bench_model_quant rows | B | ms | tok/s | floor GB | floor ms | x floor | ...
@@ -92,15 +91,15 @@ tests test_model_graph 15
 tests test_quant_cuda 15
 
 # ncu: one batch-1 decode step, graphs off (flags 9: device MoE, fused), per kernel.
-ncu_step() { # ncu_step NAME BIN
+ncu_step() { # ncu_step NAME BIN [VAR=VALUE]
     command -v ncu >/dev/null || { note "$1: skipped, no ncu"; return; }
     [ -x "$2" ] || { note "$1: FAIL (not built)"; return; }
-    KDT_MODEL_FLAGS=9 step "$1" 15 ncu --profile-from-start off --clock-control none --cache-control none --csv \
+    KDT_MODEL_FLAGS=9 step "$1" 15 env ${3:-KDT_GV_DEFAULT=1} ncu --profile-from-start off --clock-control none --cache-control none --csv \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum "$2" --only kimi --batches 1 --decode 1 --reps 1 --prompt 16
     python3 scripts/ncu_kernels.py list "$LOGS/$1.log" "$OUT/$1.csv" "$1" >"$OUT/$1.txt" 2>&1
     head -12 "$OUT/$1.txt" | while read -r l; do note "$l"; done
 }
-ncu_step ncu_kimi_new "$BM"
+ncu_step ncu_kimi_new "$BM" KDT_LIN_SGEMM_BF16_MB=1000000
 ncu_step ncu_kimi_main "$BBM"
 if [ -s "$OUT/ncu_kimi_main.csv" ] && [ -s "$OUT/ncu_kimi_new.csv" ]; then
     python3 scripts/ncu_kernels.py diff "$OUT/ncu_kimi_main.csv" "$OUT/ncu_kimi_new.csv" >"$OUT/ncu_kimi_diff.md" 2>&1

@@ -389,8 +389,10 @@ kdt_status launch_mt(const void *x, const void *w, const void *scale, void *y, i
 
 /* K split S: as many slices (at most 8, each at least 4 steps) as let every block of the reference kernel
  * (2 row tiles a warp, 4 steps in flight, 16 rows of x; int4's transpose through shared memory) run at
- * once over 128-row tiles. It depends on the format, N, K and the SM count alone, not on the cfg or M, so
- * every cfg and every M sums a row's k in the same order (bit-identical rows). */
+ * once over 128-row tiles. bf16: where that wave would fill less than 3/4 of the resident blocks, about 1.5
+ * waves instead (gemv_split_bench, Kimi's dense gate/up [36864, 7168]: S 1 190 us, 2 (1.09 waves) 168, 3 134).
+ * It depends on the format, N, K and the SM count alone, not on the cfg or M, so every cfg and every M sums
+ * a row's k in the same order (bit-identical rows). */
 template <int kFmt>
 kdt_status k_split(int N, int K, int *S) {
     static int resident;
@@ -403,7 +405,9 @@ kdt_status k_split(int N, int K, int *S) {
         resident = sms * max(per_sm, 1);
     }
     const int tiles = (N + 127) / 128, steps = (K + step_k<kFmt>() - 1) / step_k<kFmt>();
-    *S = max(1, min(min(8, steps / 4), resident / tiles));
+    int s = resident / tiles;
+    if (kFmt == KDT_SGEMM_BF16 && 4 * tiles * s < 3 * resident) s = (3 * resident + 2 * tiles - 1) / (2 * tiles);
+    *S = max(1, min(min(8, steps / 4), s));
     return KDT_OK;
 }
 

@@ -1,6 +1,6 @@
-/* The forward's linears: at decode and verify sizes the weight-streaming kernel (stream_gemm.h; with PDL in a
- * PDL forward) on bf16 weights and on quantized ones where it is ahead, else cuBLAS on weights in the model's
- * dtype and quant_gemm's kernels on quantized ones (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are not a whole
+/* The forward's linears: cuBLAS on weights in the model's dtype (bf16 ones on request on the weight-streaming
+ * kernel, with PDL in a PDL forward); on weights kept quantized, the weight-streaming kernel (stream_gemm.h) at
+ * decode and verify sizes where it is ahead, else quant_gemm's kernels (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are not a whole
  * number of 128-row blocks) runs one product per part, each placed into its columns of y; an
  * accumulated product of parts goes through the same placing kernel. */
 #include <climits>
@@ -41,8 +41,7 @@ int64_t sgemm_rows() {
 bool sgemm_quant(bool int4, int64_t M, int64_t N, int64_t K) { return M <= sgemm_rows() && (int4 || N * K >= KDT_LIN_SGEMM_FP8_ELEMS); }
 
 /* A bf16 product of M rows of x with W [N, K] on the streaming kernel (else cuBLAS): up to sgemm_rows() rows,
- * x and W 16-byte aligned, W of at most KDT_LIN_SGEMM_BF16_MB MB ($KDT_LIN_SGEMM_BF16_MB overrides it; 0: none,
- * the before of a before / after run). */
+ * x and W 16-byte aligned, W of at most KDT_LIN_SGEMM_BF16_MB MB ($KDT_LIN_SGEMM_BF16_MB overrides it). */
 bool sgemm_bf16(const kdt_lin_ctx *c, int64_t M, int64_t N, int64_t K, const void *x, const void *W) {
     static int64_t mb = -1;
     if (mb < 0) {
@@ -54,7 +53,8 @@ bool sgemm_bf16(const kdt_lin_ctx *c, int64_t M, int64_t N, int64_t K, const voi
            ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
 }
 
-/* The streaming kernel's flags: PDL where the calling thread's forward launches its kernels so. */
+/* The bf16 streaming kernel's flags: PDL where the calling thread's forward launches its kernels so (the
+ * quantized products launch as they were measured, without). */
 unsigned sgemm_flags(int accumulate) { return (accumulate ? KDT_SGEMM_ACCUMULATE : 0u) | (kdt_mk_pdl() ? KDT_SGEMM_PDL : 0u); }
 
 unsigned blocks_for(int64_t n) { return (unsigned)(n < 256 * 4096 ? (n + 255) / 256 : 4096); }
@@ -111,7 +111,7 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
         float *out = direct ? y : c->tmp;
         if (sgemm)
             s = kdt_sgemm(int4 ? KDT_SGEMM_INT4 : KDT_SGEMM_FP8, x, part_w(w, p, e), part_s(w, p, e), out, (int32_t)M, n, (int32_t)K,
-                          sgemm_flags(direct && accumulate), c->s);
+                          direct && accumulate ? KDT_SGEMM_ACCUMULATE : 0u, c->s);
         else
             s = int4 ? kdt_qgemm_int4(x, part_w(w, p, e), part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s)
                      : kdt_qgemm_fp8(x, part_w(w, p, e), (const float *)part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s);
