@@ -10,7 +10,7 @@
  * line sums the table up per format: mean share of the ceiling and rows at >= 75%, over the large shapes
  * (dense gate/up, dense down, o) and over all. --prefill adds M = 128 and 512 (quant_gemm's baseline,
  * the dequantize + cuBLAS prefill path) and the dequantize kernels alone. --profile runs one kdt_sgemm
- * launch a format (int4 also with cfg 5) and quant_gemm's streaming kernel on fp8 and int4, at M = 1
+ * launch a format (int4 also with cfg 4) and quant_gemm's streaming kernel on fp8 and int4, at M = 1
  * on the dense gate/up weight [18432, 7168], and nothing else, for ncu.
  *
  * --gemv runs only the forward's bf16 projections at Kimi's dims (gemv_bench, below).
@@ -181,7 +181,7 @@ void tally(Tally &t, bool large, double pct) {
         }
 }
 
-/* One kdt_sgemm launch a format (and int4 with cfg 5), then the old kernel's fp8 and int4, at M = 1 on [18432, 7168]
+/* One kdt_sgemm launch a format (and int4 with cfg 4), then the old kernel's fp8 and int4, at M = 1 on [18432, 7168]
  * (zeros), for a profiler. */
 int profile() {
     const int N = 18432, K = 7168;
@@ -195,16 +195,16 @@ int profile() {
     CK(cudaMemset(s, 0, (size_t)N * K / 16));
     CK(cudaMemset(x, 0, (size_t)K * 2));
     for (int f = 0; f < 3; f++) KCK(kdt_sgemm((kdt_sgemm_fmt)f, x, w, f ? s : NULL, y, 1, N, K, 0, NULL));
-    KCK(kdt_sgemm_cfg(5, KDT_SGEMM_INT4, x, w, s, y, 1, N, K, 0, NULL)); /* int4: 2 x 4 */
+    KCK(kdt_sgemm_cfg(4, KDT_SGEMM_INT4, x, w, s, y, 1, N, K, 0, NULL)); /* int4: 2 x 4 */
     for (int f = 1; f < 3; f++) KCK(kdt_qgemm_with(KDT_QGEMM_STREAM, f == 2, x, w, s, y, 1, N, K, NULL));
     CK(cudaDeviceSynchronize());
-    printf("profiled kdt_sgemm bf16, fp8, int4, int4 cfg 5, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N,
+    printf("profiled kdt_sgemm bf16, fp8, int4, int4 cfg 4, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N,
            K);
     return 0;
 }
 
 /* --gemv: the forward's bf16 projections at Kimi K2's dims (issue 21), M = 1, 4, 16: cuBLAS (as kdt_lin ran them)
- * beside kdt_sgemm with each bf16 cfg (1 x 4, 2 x 4, 1 x 8), programmatic dependent launch on (as a PDL forward
+ * beside kdt_sgemm with each bf16 cfg (1 x 4, 2 x 4), programmatic dependent launch on (as a PDL forward
  * launches it: each launch's first weight loads overlap the launch before), the picked cfg without PDL, and on
  * the gate/up stacks the SiLU.mul-fused launch (KDT_SGEMM_GLU, with PDL; cuBLAS then still needs silu_mul).
  * One "gemv" line a row on stdout: the fastest sgemm variant against cuBLAS. */
@@ -217,10 +217,10 @@ const int kGemvM[] = {1, 4, 16};
 
 void gemv_bench(FILE *out, cudaStream_t st, float ceiling, int nb) {
     bench_emit(out, "\n## bf16 projections at Kimi K2's dims (--gemv)\n\nus a launch, CUDA graphs of 24 launches each reading another "
-                    "copy of the weights; %% of the copy ceiling (%.0f GB/s) in weight bytes. cfg c: kdt_sgemm with cfg c and PDL; "
-                    "picked: the cfg kdt_sgemm picks, no PDL; glu: gate/up fused with SiLU.mul (cfg 2, PDL).\n\n", ceiling);
-    bench_emit(out, "| weight [N, K] | M | MB | cuBLAS us | of ceiling | cfg 1 us | cfg 2 us | cfg 3 us | picked, no PDL us | glu us | "
-                    "best sgemm | of ceiling | x cuBLAS |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n");
+                    "copy of the weights; %% of the copy ceiling (%.0f GB/s) in weight bytes. cfg c: kdt_sgemm with cfg c (1 x 4, 2 x 4) and "
+                    "PDL; picked: the cfg kdt_sgemm picks, no PDL; glu: gate/up fused with SiLU.mul (cfg 2, PDL).\n\n", ceiling);
+    bench_emit(out, "| weight [N, K] | M | MB | cuBLAS us | of ceiling | cfg 1 us | cfg 2 us | picked, no PDL us | glu us | "
+                    "best sgemm | of ceiling | x cuBLAS |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n");
     Ctx c = {};
     BCK(cublasCreate(&c.blas));
     for (const GemvShape &sh : kGemv) {
@@ -239,9 +239,9 @@ void gemv_bench(FILE *out, cudaStream_t st, float ceiling, int nb) {
             CK(cudaMalloc((void **)&c.y, (size_t)M * sh.N * 4));
             CK(cudaMemset(c.x, 0, (size_t)M * sh.K * 2));
             const float tb = time_graph(run_bf16, &c, st, nb);
-            float tc[4] = {}, tg = 0;
+            float tc[3] = {}, tg = 0;
             c.flags = KDT_SGEMM_PDL;
-            for (int v = 1; v <= 3; v++) {
+            for (int v = 1; v <= 2; v++) {
                 c.cfg = v;
                 tc[v] = time_graph(run_sgemm, &c, st, nb);
             }
@@ -253,15 +253,14 @@ void gemv_bench(FILE *out, cudaStream_t st, float ceiling, int nb) {
                 tg = time_graph(run_sgemm, &c, st, nb);
             }
             c.flags = 0;
-            int best = 1;
-            for (int v = 2; v <= 3; v++) best = tc[v] < tc[best] ? v : best;
+            const int best = tc[2] < tc[1] ? 2 : 1;
             const float tbest = tc[best];
-            bench_emit(out, "| %s [%d, %d] | %d | %.1f | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %s%.1f | cfg %d | %.0f%% | %.2f |\n", sh.name,
-                       sh.N, sh.K, M, gb * 1e3, tb, 100 * gb / (tb * 1e-6) / ceiling, tc[1], tc[2], tc[3], tc[0], sh.glu ? "" : "-",
+            bench_emit(out, "| %s [%d, %d] | %d | %.1f | %.1f | %.0f%% | %.1f | %.1f | %.1f | %s%.1f | cfg %d | %.0f%% | %.2f |\n", sh.name,
+                       sh.N, sh.K, M, gb * 1e3, tb, 100 * gb / (tb * 1e-6) / ceiling, tc[1], tc[2], tc[0], sh.glu ? "" : "-",
                        sh.glu ? tg : 0.f, best, 100 * gb / (tbest * 1e-6) / ceiling, tb / tbest);
-            printf("gemv %-15s [%5d, %5d] M %2d: cuBLAS %6.1f us (%3.0f%%), sgemm cfg %d + PDL %6.1f us (%3.0f%%, %.2fx), no PDL %6.1f%s\n",
+            printf("gemv %-15s [%5d, %5d] M %2d: cuBLAS %6.1f us (%3.0f%%), sgemm cfg %d + PDL %6.1f us (%3.0f%%, %.2fx), cfg %d no PDL %6.1f\n",
                    sh.name, sh.N, sh.K, M, tb, 100 * gb / (tb * 1e-6) / ceiling, best, tbest, 100 * gb / (tbest * 1e-6) / ceiling,
-                   tb / tbest, tc[0], sh.glu ? "" : "");
+                   tb / tbest, kdt_sgemm_auto_cfg(KDT_SGEMM_BF16, M), tc[0]);
             if (sh.glu) printf("gemv %-15s   glu (SiLU.mul fused, PDL) %6.1f us\n", sh.name, tg);
             CK(cudaFree(c.x));
             CK(cudaFree(c.y));
@@ -304,12 +303,12 @@ int main(int argc, char **argv) {
     }
     bench_emit(out, "GB/s counts the weights and their scales once per launch; all times are CUDA graphs of 24 launches. "
                     "sgemm: kdt_sgemm with the cfg it picks; old: quant_gemm's streaming kernel (fp8, int4) or cuBLAS (bf16); "
-                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 .. 5: kdt_sgemm with that cfg forced "
-                    "(row tiles a warp x steps in flight: 1 x 4, 2 x 4, 1 x 8; 4, 5: int4 only, 1 x 8 and 2 x 4 with the "
+                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 .. 4: kdt_sgemm with that cfg forced "
+                    "(row tiles a warp x steps in flight: 1 x 4, 2 x 4; 3, 4: int4 only, 1 x 8 and 2 x 4 with the "
                     "quad transpose through shared memory).\n\n");
     bench_emit(out, "| weight [N, K] | format | M | cfg | sgemm us | sgemm GB/s | sgemm of ceiling | old us | old of ceiling | "
-                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us | cfg 4 us | cfg 5 us |\n");
-    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us | cfg 4 us |\n");
+    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     Ctx c = {};
     BCK(cublasCreate(&c.blas));
     char extra[64][200]; /* the prefill rows and the dequantize kernels, printed after */
@@ -357,7 +356,7 @@ int main(int argc, char **argv) {
                     float tv[KDT_SGEMM_CFGS] = {};
                     for (int v = 0; v < KDT_SGEMM_CFGS; v++) {
                         c.cfg = v;
-                        if (v < 4 || v > 5 || f == KDT_SGEMM_INT4) tv[v] = time_graph(run_sgemm, &c, st, nb); /* 4, 5: int4's alone */
+                        if (v < 3 || f == KDT_SGEMM_INT4) tv[v] = time_graph(run_sgemm, &c, st, nb); /* 3, 4: int4's alone */
                     }
                     float to = tb;
                     if (f) {
@@ -366,9 +365,9 @@ int main(int argc, char **argv) {
                     }
                     const double pct = 100 * gb / (tv[0] * 1e-6) / ceiling, pct_old = 100 * gb / (to * 1e-6) / ceiling;
                     tally(tal[f], large, pct);
-                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
                                sh.name, sh.N, sh.K, kFmtName[f], c.M, kdt_sgemm_auto_cfg((kdt_sgemm_fmt)f, c.M), tv[0],
-                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3], tv[4], tv[5]);
+                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3], tv[4]);
                 } else if (f && n_extra < 60) {
                     c.kernel = KDT_QGEMM_BASELINE;
                     const float tq = time_graph(run_qgemm, &c, st, nb), tp = time_graph(run_prefill, &c, st, nb);

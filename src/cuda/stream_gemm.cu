@@ -6,7 +6,7 @@
  * 8 rows, 2 x 4 past them; fp8 1 x 4; bf16 2 x 4 (gemv_split_bench at Kimi's 8 projection shapes, M = 1, 4, 16:
  * the fastest at 18 of 24; 1 x 4 at the other 6, the three smallest at M <= 4, by 7-15%). */
 extern "C" int kdt_sgemm_auto_cfg(kdt_sgemm_fmt fmt, int32_t M) {
-    if (fmt == KDT_SGEMM_INT4) return M <= 8 ? 4 : 5;
+    if (fmt == KDT_SGEMM_INT4) return M <= 8 ? 3 : 4;
     if (fmt == KDT_SGEMM_FP8) return 1;
     (void)M;
     return 2;

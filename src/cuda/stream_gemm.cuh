@@ -33,9 +33,9 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 template <int kFmt> constexpr int step_k() { return kFmt == KDT_SGEMM_BF16 ? 32 : kFmt == KDT_SGEMM_FP8 ? 64 : 128; }
 
 /* cfg -> (row tiles a warp, steps in flight, int4's quad transpose through shared memory and ldmatrix
- * instead of shuffles); cfg 0 is "pick"; cfgs 4 and 5 are 3 and 2 but for the transpose (int4 only). */
-constexpr int kCfgTR[KDT_SGEMM_CFGS] = {0, 1, 2, 1, 1, 2}, kCfgD[KDT_SGEMM_CFGS] = {0, 4, 4, 8, 8, 4};
-constexpr bool kCfgLdsm[KDT_SGEMM_CFGS] = {false, false, false, false, true, true};
+ * instead of shuffles); cfg 0 is "pick"; cfgs 3 and 4 are int4's (bf16 and fp8 run 1 and 2 for them). */
+constexpr int kCfgTR[KDT_SGEMM_CFGS] = {0, 1, 2, 1, 2}, kCfgD[KDT_SGEMM_CFGS] = {0, 4, 4, 8, 4};
+constexpr bool kCfgLdsm[KDT_SGEMM_CFGS] = {false, false, false, true, true};
 
 /* 16 bytes of W, read once: L1 bypassed, L2 asked for the 256-byte span around it; zeros when !in. */
 __device__ __forceinline__ uint4 ld_w(const uint8_t *p, bool in) {
@@ -427,14 +427,17 @@ kdt_status launch_cfg(const void *x, const void *w, const void *scale, void *y, 
 template <int kFmt>
 kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags,
                       cudaStream_t st, const char *what) {
-    /* cfgs 4 and 5 of bf16 and fp8 are 3 and 2 (the kLdsm term below): the transpose is int4's alone */
-#define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c] && kFmt == KDT_SGEMM_INT4>
-    switch (cfg) {
-    case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, flags, st, what);
-    case 2: return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, flags, st, what);
-    case 3: return KDT_SGEMM_CFG(3)(x, w, scale, y, M, N, K, flags, st, what);
-    case 4: return KDT_SGEMM_CFG(4)(x, w, scale, y, M, N, K, flags, st, what);
-    default: return KDT_SGEMM_CFG(5)(x, w, scale, y, M, N, K, flags, st, what);
+#define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c]>
+    if constexpr (kFmt != KDT_SGEMM_INT4) { /* cfgs 3 and 4 are 1 and 2: the transpose is int4's alone */
+        if (cfg % 2) return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, flags, st, what);
+        return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, flags, st, what);
+    } else {
+        switch (cfg) {
+        case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, flags, st, what);
+        case 2: return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, flags, st, what);
+        case 3: return KDT_SGEMM_CFG(3)(x, w, scale, y, M, N, K, flags, st, what);
+        default: return KDT_SGEMM_CFG(4)(x, w, scale, y, M, N, K, flags, st, what);
+        }
     }
 #undef KDT_SGEMM_CFG
 }

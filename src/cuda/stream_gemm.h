@@ -38,8 +38,9 @@ kdt_status kdt_sgemm(kdt_sgemm_fmt fmt, const void *x, const void *w, const void
 
 /* kdt_sgemm with the kernel's shape named (bench_quant_gemm's variants): cfg 0 picks by M as
  * kdt_sgemm does; 1 .. KDT_SGEMM_CFGS - 1 force one (row tiles a warp x steps in flight a lane: 1 x 4,
- * 2 x 4, 1 x 8; 4 and 5: 1 x 8 and 2 x 4 with int4's transpose through shared memory, else as 3 and 2). */
-#define KDT_SGEMM_CFGS 6
+ * 2 x 4; 3 and 4: 1 x 8 and 2 x 4 with int4's transpose through shared memory, for bf16 and fp8 as 1 and 2).
+ * GLU runs 2 whatever the cfg. */
+#define KDT_SGEMM_CFGS 5
 kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, void *y, int32_t M, int32_t N,
                          int32_t K, unsigned flags, void *stream);
 /* The cfg kdt_sgemm picks for M rows (the bench prints it): every cfg gives the same bits. */
