@@ -1,8 +1,9 @@
 /* The forward's linears: cuBLAS on weights in the model's dtype (bf16 ones on request on the weight-streaming
  * kernel, with PDL in a PDL forward); on weights kept quantized, the weight-streaming kernel (stream_gemm.h) at
- * decode and verify sizes where it is ahead, else quant_gemm's kernels (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are not a whole
- * number of 128-row blocks) runs one product per part, each placed into its columns of y; an
- * accumulated product of parts goes through the same placing kernel. */
+ * decode and verify sizes where it is ahead, else quant_gemm's kernels (see linear.h). A stack of two
+ * quantized parts (FP8 gate/up whose gate rows are not a whole number of 128-row blocks) runs one product
+ * per part, each placed into its columns of y; an accumulated product of parts goes through the same
+ * placing kernel. */
 #include <climits>
 #include <stdlib.h>
 
