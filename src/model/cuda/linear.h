@@ -19,9 +19,9 @@
  * kernel (stream_gemm.h): a row's result is then the same bits in a decode step and in a 16-row tree.
  * bf16 weights stay on cuBLAS, ahead of the streaming kernel at every Kimi shape measured (H200, 2026-12-02
  * 16:58, bench_quant_gemm --gemv: by 2-12% at one row with its best cfg and K split, more at 16,
- * docs/perf/quant.md); bf16 weights of
- * at most $KDT_LIN_SGEMM_BF16_MB MB (default 0) go to it too, with programmatic dependent launch inside a PDL
- * forward and an MLP's gate/up fused with SiLU.mul: batch-invariant products at a measured cost. */
+ * docs/perf/quant.md); bf16 weights of at most $KDT_LIN_SGEMM_BF16_MB MB (default 0) go to it too, with
+ * programmatic dependent launch inside a PDL forward and an MLP's gate/up fused with SiLU.mul:
+ * batch-invariant products at a measured cost. */
 #define KDT_LIN_SGEMM_ROWS 16
 #define KDT_LIN_SGEMM_FP8_ELEMS (48ll << 20)
 #define KDT_LIN_SGEMM_BF16_MB 0ll
