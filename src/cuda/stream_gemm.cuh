@@ -352,10 +352,18 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
             }
 }
 
-/* Grid (tiles, S) in clusters of (1, S, 1), with programmatic stream serialization when flags ask. */
+/* Grid (tiles, S) in clusters of (1, S, 1) (past 8 a non-portable size, allowed once a kernel), with
+ * programmatic stream serialization when flags ask. */
 template <int kFmt, int kTR, int kMT, int kD, bool kLdsm, bool kGlu>
 cudaError_t launch_kernel(int tiles, int S, cudaStream_t st, const void *x, const void *w, const void *scale, void *y, int M, int N,
                           int K, unsigned flags) {
+    static bool large;
+    if (S > 8 && !large) {
+        const cudaError_t e = cudaFuncSetAttribute(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm, kGlu>,
+                                                   cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (e != cudaSuccess) return e;
+        large = true;
+    }
     cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = 1;
@@ -390,7 +398,9 @@ kdt_status launch_mt(const void *x, const void *w, const void *scale, void *y, i
 /* K split S: as many slices (at most 8, each at least 4 steps) as let every block of the reference kernel
  * (2 row tiles a warp, 4 steps in flight, 16 rows of x; int4's transpose through shared memory) run at
  * once over 128-row tiles. bf16: where that wave would fill less than 3/4 of the resident blocks, about 1.5
- * waves instead (gemv_split_bench, Kimi's dense gate/up [36864, 7168]: S 1 190 us, 2 (1.09 waves) 168, 3 134).
+ * waves instead (gemv_split_bench, Kimi's dense gate/up [36864, 7168]: S 1 190 us, 2 (1.09 waves) 168, 3 134);
+ * where 16 slices would all fit, 12 (a non-portable cluster: q_a+kv_a [2112, 7168] 16.2 -> 13.1 us, shared
+ * gate/up [4096, 7168] 23.3 -> 19.3 against S 8; 16 slower than 12 on both).
  * It depends on the format, N, K and the SM count alone, not on the cfg or M, so every cfg and every M sums
  * a row's k in the same order (bit-identical rows). */
 template <int kFmt>
@@ -407,7 +417,7 @@ kdt_status k_split(int N, int K, int *S) {
     const int tiles = (N + 127) / 128, steps = (K + step_k<kFmt>() - 1) / step_k<kFmt>();
     int s = resident / tiles;
     if (kFmt == KDT_SGEMM_BF16 && 4 * tiles * s < 3 * resident) s = (3 * resident + 2 * tiles - 1) / (2 * tiles);
-    *S = max(1, min(min(8, steps / 4), s));
+    *S = max(1, min(min(kFmt == KDT_SGEMM_BF16 && s >= 16 ? 12 : 8, steps / 4), s));
     return KDT_OK;
 }
 
