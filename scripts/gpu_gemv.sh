@@ -69,10 +69,11 @@ if [ -n "$base_pid" ]; then # the timings run with no build beside them
 fi
 
 # bench_model rows: | B | prefill tokens | prefill ms | tok/s | decode ms | tok/s | verify ms | rows/s | floor | x | floor | x |
+# and, where bench_model has them, the same floors at the copy bandwidth it measures: | floor | x | floor | x |
 bm() { # bm NAME BIN [VAR=VALUE]: its decode and verify rows at B = 1, 8
     [ -x "$2" ] || { note "$1: FAIL (not built)"; return; }
     step "$1" 25 env ${3:-KDT_GV_DEFAULT=1} "$2" --only kimi --batches 1,8 --reps 3 --decode 16 --out "$OUT/$1.md"
-    note "$1: $(awk -F'|' '/^\| +(1|8) \|/ { gsub(/ /, ""); printf "B=%s decode %s ms (%sx floor), verify %s ms (%sx); ", $2, $6, $11, $8, $13 }' "$OUT/$1.md" 2>/dev/null)"
+    note "$1: $(awk -F'|' '/^\| +(1|8) \|/ { gsub(/ /, ""); printf "B=%s decode %s ms (%sx floor%s), verify %s ms (%sx%s); ", $2, $6, $11, $15 == "" ? "" : ", " $15 "x copy floor", $8, $13, $17 == "" ? "" : ", " $17 "x copy" }' "$OUT/$1.md" 2>/dev/null)"
 }
 bm bench_model_new "$BM"
 bm bench_model_sgemm "$BM" KDT_LIN_SGEMM_BF16_MB=1000000
