@@ -10,10 +10,12 @@
  * line sums the table up per format: mean share of the ceiling and rows at >= 75%, over the large shapes
  * (dense gate/up, dense down, o) and over all. --prefill adds M = 128 and 512 (quant_gemm's baseline,
  * the dequantize + cuBLAS prefill path) and the dequantize kernels alone. --profile runs one kdt_sgemm
- * launch a format (int4 also with cfg 5) and quant_gemm's streaming kernel on fp8 and int4, at M = 1
+ * launch a format (int4 also with cfg 4) and quant_gemm's streaming kernel on fp8 and int4, at M = 1
  * on the dense gate/up weight [18432, 7168], and nothing else, for ncu.
  *
- *   build/bench/bench_quant_gemm [--out FILE.md] [--quick] [--prefill] | --profile
+ * --gemv runs only the forward's bf16 projections at Kimi's dims (gemv_bench, below).
+ *
+ *   build/bench/bench_quant_gemm [--out FILE.md] [--quick] [--prefill] [--gemv] | --profile
  */
 #include <string.h>
 
@@ -46,6 +48,7 @@ const char *const kFmtName[] = {"bf16", "fp8 128x128", "int4 g32"};
 
 struct Ctx {
     int fmt, M, N, K, copies, next, cfg;
+    unsigned flags;            /* kdt_sgemm's flags (KDT_SGEMM_PDL, KDT_SGEMM_GLU) */
     kdt_qgemm_kernel kernel;
     size_t wbytes, sbytes;
     unsigned char *w, *s;      /* copies of the weights (in fmt) and scales, back to back */
@@ -64,7 +67,7 @@ const void *wcopy(Ctx *c, const void **s) {
 void run_sgemm(void *p, cudaStream_t st) {
     Ctx *c = (Ctx *)p;
     const void *s, *w = wcopy(c, &s);
-    KCK(kdt_sgemm_cfg(c->cfg, (kdt_sgemm_fmt)c->fmt, c->x, w, c->fmt ? s : NULL, c->y, c->M, c->N, c->K, 0, st));
+    KCK(kdt_sgemm_cfg(c->cfg, (kdt_sgemm_fmt)c->fmt, c->x, w, c->fmt ? s : NULL, c->y, c->M, c->N, c->K, c->flags, st));
 }
 
 void run_qgemm(void *p, cudaStream_t st) {
@@ -178,7 +181,7 @@ void tally(Tally &t, bool large, double pct) {
         }
 }
 
-/* One kdt_sgemm launch a format (and int4 with cfg 5), then the old kernel's fp8 and int4, at M = 1 on [18432, 7168]
+/* One kdt_sgemm launch a format (and int4 with cfg 4), then the old kernel's fp8 and int4, at M = 1 on [18432, 7168]
  * (zeros), for a profiler. */
 int profile() {
     const int N = 18432, K = 7168;
@@ -192,25 +195,93 @@ int profile() {
     CK(cudaMemset(s, 0, (size_t)N * K / 16));
     CK(cudaMemset(x, 0, (size_t)K * 2));
     for (int f = 0; f < 3; f++) KCK(kdt_sgemm((kdt_sgemm_fmt)f, x, w, f ? s : NULL, y, 1, N, K, 0, NULL));
-    KCK(kdt_sgemm_cfg(5, KDT_SGEMM_INT4, x, w, s, y, 1, N, K, 0, NULL)); /* int4: 2 x 4 */
+    KCK(kdt_sgemm_cfg(4, KDT_SGEMM_INT4, x, w, s, y, 1, N, K, 0, NULL)); /* int4: 2 x 4 */
     for (int f = 1; f < 3; f++) KCK(kdt_qgemm_with(KDT_QGEMM_STREAM, f == 2, x, w, s, y, 1, N, K, NULL));
     CK(cudaDeviceSynchronize());
-    printf("profiled kdt_sgemm bf16, fp8, int4, int4 cfg 5, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N,
+    printf("profiled kdt_sgemm bf16, fp8, int4, int4 cfg 4, then quant_gemm's streaming kernel fp8, int4, at M = 1 on [%d, %d]\n", N,
            K);
     return 0;
+}
+
+/* --gemv: the forward's bf16 projections at Kimi K2's dims (issue 21), M = 1, 4, 16: cuBLAS (as kdt_lin ran them)
+ * beside kdt_sgemm with each bf16 cfg (1 x 4, 2 x 4), programmatic dependent launch on (as a PDL forward
+ * launches it: each launch's first weight loads overlap the launch before), the picked cfg without PDL, and on
+ * the gate/up stacks the SiLU.mul-fused launch (KDT_SGEMM_GLU, with PDL; cuBLAS then still needs silu_mul).
+ * One "gemv" line a row on stdout: the fastest sgemm variant against cuBLAS. */
+struct GemvShape { const char *name; int N, K, glu; };
+const GemvShape kGemv[] = {
+    {"q_a+kv_a", 2112, 7168, 0}, {"q_b", 12288, 1536, 0},       {"o", 7168, 8192, 0},          {"shared gate/up", 4096, 7168, 1},
+    {"shared down", 7168, 2048, 0}, {"dense gate/up", 36864, 7168, 1}, {"dense down", 7168, 18432, 0}, {"lm_head", 32000, 7168, 0},
+};
+const int kGemvM[] = {1, 4, 16};
+
+void gemv_bench(FILE *out, cudaStream_t st, float ceiling, int nb) {
+    bench_emit(out, "\n## bf16 projections at Kimi K2's dims (--gemv)\n\nus a launch, CUDA graphs of 24 launches each reading another "
+                    "copy of the weights; %% of the copy ceiling (%.0f GB/s) in weight bytes. cfg c: kdt_sgemm with cfg c (1 x 4, 2 x 4) and "
+                    "PDL; picked: the cfg kdt_sgemm picks, no PDL; glu: gate/up fused with SiLU.mul (cfg 2, PDL).\n\n", ceiling);
+    bench_emit(out, "| weight [N, K] | M | MB | cuBLAS us | of ceiling | cfg 1 us | cfg 2 us | picked, no PDL us | glu us | "
+                    "best sgemm | of ceiling | x cuBLAS |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n");
+    Ctx c = {};
+    BCK(cublasCreate(&c.blas));
+    for (const GemvShape &sh : kGemv) {
+        c.fmt = KDT_SGEMM_BF16;
+        c.N = sh.N;
+        c.K = sh.K;
+        c.wbytes = (size_t)sh.N * sh.K * 2;
+        c.copies = c.bf_copies = (int)((256ull << 20) / c.wbytes + 2);
+        CK(cudaMalloc((void **)&c.w, c.wbytes * c.copies));
+        CK(cudaMemset(c.w, 0x3c, c.wbytes * c.copies)); /* bf16 1.17: finite sums */
+        c.wbf = c.w;
+        const double gb = c.wbytes / 1e9;
+        for (int M : kGemvM) {
+            c.M = M;
+            CK(cudaMalloc(&c.x, (size_t)M * sh.K * 2));
+            CK(cudaMalloc((void **)&c.y, (size_t)M * sh.N * 4));
+            CK(cudaMemset(c.x, 0, (size_t)M * sh.K * 2));
+            const float tb = time_graph(run_bf16, &c, st, nb);
+            float tc[3] = {}, tg = 0;
+            c.flags = KDT_SGEMM_PDL;
+            for (int v = 1; v <= 2; v++) {
+                c.cfg = v;
+                tc[v] = time_graph(run_sgemm, &c, st, nb);
+            }
+            c.cfg = 0;
+            c.flags = 0;
+            tc[0] = time_graph(run_sgemm, &c, st, nb);
+            if (sh.glu) {
+                c.flags = KDT_SGEMM_PDL | KDT_SGEMM_GLU;
+                tg = time_graph(run_sgemm, &c, st, nb);
+            }
+            c.flags = 0;
+            const int best = tc[2] < tc[1] ? 2 : 1;
+            const float tbest = tc[best];
+            bench_emit(out, "| %s [%d, %d] | %d | %.1f | %.1f | %.0f%% | %.1f | %.1f | %.1f | %s%.1f | cfg %d | %.0f%% | %.2f |\n", sh.name,
+                       sh.N, sh.K, M, gb * 1e3, tb, 100 * gb / (tb * 1e-6) / ceiling, tc[1], tc[2], tc[0], sh.glu ? "" : "-",
+                       sh.glu ? tg : 0.f, best, 100 * gb / (tbest * 1e-6) / ceiling, tb / tbest);
+            printf("gemv %-15s [%5d, %5d] M %2d: cuBLAS %6.1f us (%3.0f%%), sgemm cfg %d + PDL %6.1f us (%3.0f%%, %.2fx), cfg %d no PDL %6.1f\n",
+                   sh.name, sh.N, sh.K, M, tb, 100 * gb / (tb * 1e-6) / ceiling, best, tbest, 100 * gb / (tbest * 1e-6) / ceiling,
+                   tb / tbest, kdt_sgemm_auto_cfg(KDT_SGEMM_BF16, M), tc[0]);
+            if (sh.glu) printf("gemv %-15s   glu (SiLU.mul fused, PDL) %6.1f us\n", sh.name, tg);
+            CK(cudaFree(c.x));
+            CK(cudaFree(c.y));
+        }
+        CK(cudaFree(c.w));
+    }
+    BCK(cublasDestroy(c.blas));
 }
 
 } // namespace
 
 int main(int argc, char **argv) {
     const char *out_path = NULL;
-    int quick = 0, prefill = 0;
+    int quick = 0, prefill = 0, gemv = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--prefill")) prefill = 1;
+        else if (!strcmp(argv[i], "--gemv")) gemv = 1;
         else if (!strcmp(argv[i], "--profile")) return profile();
-        else { fprintf(stderr, "usage: %s [--out FILE.md] [--quick] [--prefill] | --profile\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [--out FILE.md] [--quick] [--prefill] [--gemv] | --profile\n", argv[0]); return 2; }
     }
     FILE *out = NULL;
     if (bench_open("bench_quant_gemm", out_path, &out)) return 1;
@@ -224,14 +295,20 @@ int main(int argc, char **argv) {
     const float ceiling = copy_ceiling(st, &read_gbs);
     bench_emit(out, "- copy ceiling (1 GiB device-to-device, read + written bytes): %.0f GB/s\n", ceiling);
     bench_emit(out, "- read-only kernel over the same 1 GiB (16-byte loads, 4 in flight a thread): %.0f GB/s\n\n", read_gbs);
+    if (gemv) { /* the bf16 projections alone */
+        gemv_bench(out, st, ceiling, quick ? 3 : 7);
+        CK(cudaStreamDestroy(st));
+        if (out) fclose(out);
+        return 0;
+    }
     bench_emit(out, "GB/s counts the weights and their scales once per launch; all times are CUDA graphs of 24 launches. "
                     "sgemm: kdt_sgemm with the cfg it picks; old: quant_gemm's streaming kernel (fp8, int4) or cuBLAS (bf16); "
-                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 .. 5: kdt_sgemm with that cfg forced "
-                    "(row tiles a warp x steps in flight: 1 x 4, 2 x 4, 1 x 8; 4, 5: int4 only, 1 x 8 and 2 x 4 with the "
+                    "cuBLAS bf16: cuBLAS on a bf16 copy of the weights; cfg 1 .. 4: kdt_sgemm with that cfg forced "
+                    "(row tiles a warp x steps in flight: 1 x 4, 2 x 4; 3, 4: int4 only, 1 x 8 and 2 x 4 with the "
                     "quad transpose through shared memory).\n\n");
     bench_emit(out, "| weight [N, K] | format | M | cfg | sgemm us | sgemm GB/s | sgemm of ceiling | old us | old of ceiling | "
-                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us | cfg 4 us | cfg 5 us |\n");
-    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                    "cuBLAS bf16 us | cfg 1 us | cfg 2 us | cfg 3 us | cfg 4 us |\n");
+    bench_emit(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     Ctx c = {};
     BCK(cublasCreate(&c.blas));
     char extra[64][200]; /* the prefill rows and the dequantize kernels, printed after */
@@ -279,7 +356,7 @@ int main(int argc, char **argv) {
                     float tv[KDT_SGEMM_CFGS] = {};
                     for (int v = 0; v < KDT_SGEMM_CFGS; v++) {
                         c.cfg = v;
-                        if (v < 4 || v > 5 || f == KDT_SGEMM_INT4) tv[v] = time_graph(run_sgemm, &c, st, nb); /* 4, 5: int4's alone */
+                        if (v < 3 || f == KDT_SGEMM_INT4) tv[v] = time_graph(run_sgemm, &c, st, nb); /* 3, 4: int4's alone */
                     }
                     float to = tb;
                     if (f) {
@@ -288,9 +365,9 @@ int main(int argc, char **argv) {
                     }
                     const double pct = 100 * gb / (tv[0] * 1e-6) / ceiling, pct_old = 100 * gb / (to * 1e-6) / ceiling;
                     tally(tal[f], large, pct);
-                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                    bench_emit(out, "| %s [%d, %d] | %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
                                sh.name, sh.N, sh.K, kFmtName[f], c.M, kdt_sgemm_auto_cfg((kdt_sgemm_fmt)f, c.M), tv[0],
-                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3], tv[4], tv[5]);
+                               gb / (tv[0] * 1e-6), pct, to, pct_old, tb, tv[1], tv[2], tv[3], tv[4]);
                 } else if (f && n_extra < 60) {
                     c.kernel = KDT_QGEMM_BASELINE;
                     const float tq = time_graph(run_qgemm, &c, st, nb), tp = time_graph(run_prefill, &c, st, nb);

@@ -5,6 +5,7 @@
 #   step NAME LIMIT CMD...  CMD under LIMIT seconds, cut to what is left before DEADLINE, its output in
 #                           $LOGS/NAME.log; notes its exit code and time; returns its exit code
 #   counts LOG              a test log's "P passed, F failed, S skipped" (its PASS / FAIL / SKIP lines)
+#   tests NAME LIMIT        runs the test binary $T/NAME as a step, notes PASS / FAIL with its counts
 summary=()
 note() { summary+=("$*"); echo "## $*"; }
 step() {
@@ -18,3 +19,11 @@ step() {
     return $rc
 }
 counts() { echo "$(grep -c '^PASS' "$1") passed, $(grep -c '^FAIL' "$1") failed, $(grep -c '^SKIP' "$1") skipped"; }
+tests() {
+    [ -x "$T/$1" ] || { note "$1: FAIL (not built)"; return; }
+    step "$1" "$2" "$T/$1"
+    local rc=$? f
+    f=$(grep -c '^FAIL' "$LOGS/$1.log")
+    grep -E '^FAIL ' "$LOGS/$1.log" | head -10
+    note "$1: $([ "$rc" = 0 ] && [ "$f" = 0 ] && grep -q '^PASS' "$LOGS/$1.log" && echo PASS || echo FAIL) ($(counts "$LOGS/$1.log"), exit $rc)"
+}

@@ -20,7 +20,7 @@ BUILD=${BUILD:-build}
 DEADLINE=${DEADLINE:-174}
 GB=${GB:-110}
 BASE_REV=${BASE_REV:-main}
-source scripts/gpu_notes.sh # note, step, counts
+source scripts/gpu_notes.sh # note, step, counts, tests
 
 MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh
@@ -40,14 +40,6 @@ else
 fi
 step build 120 make -j16 "${MAKEVARS[@]}" "$T/test_model_kernels" "$T/test_model_cuda" "$T/test_model_graph" "$T/test_quant_cuda" \
     "$T/test_spec" "$BM" "$BQ" || grep -E 'error' "$LOGS/build.log" | head -20
-tests() { # tests NAME LIMIT: runs $T/NAME, notes PASS / FAIL with its counts
-    [ -x "$T/$1" ] || { note "$1: FAIL (not built)"; return; }
-    step "$1" "$2" "$T/$1"
-    local rc=$? f
-    f=$(grep -c '^FAIL' "$LOGS/$1.log")
-    grep -E '^FAIL ' "$LOGS/$1.log" | head -10
-    note "$1: $([ "$rc" = 0 ] && [ "$f" = 0 ] && grep -q '^PASS' "$LOGS/$1.log" && echo PASS || echo FAIL) ($(counts "$LOGS/$1.log"), exit $rc)"
-}
 tests test_model_kernels 20
 if [ -n "$base_pid" ]; then # the benchmarks run with no build beside them
     wait "$base_pid"

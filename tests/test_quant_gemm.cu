@@ -9,7 +9,8 @@
  * last 128-k steps (fp8 and int4), partial 64-row tiles, M = 1 .. 32 in each count of 8-row mma
  * tiles and past 32 (a second block row), K split over clusters of 1 to 8 blocks (3 included), an
  * odd count of INT4 scales (the last scale word half past the end), INT4 scales 2 bytes off a
- * 4-byte boundary (the baseline kernel), and Kimi's sizes.
+ * 4-byte boundary (the baseline kernel), and Kimi's sizes. The streaming kernel also with programmatic
+ * dependent launch (the same bits) and fused with SiLU.mul on a gate/up stack (KDT_SGEMM_GLU).
  * Outputs are NaN-poisoned before each run. Without a CUDA device it prints SKIP lines. */
 #include <math.h>
 #include <stdio.h>
@@ -222,8 +223,15 @@ void run_sgemm_case(int fmt, int M, int N, int K, int soff = 0) {
         kt_check(rel[0] <= 1e-5 && rel[1] <= 1e-5 && !bad, "sgemm %s M %d N %d K %d%s cfg %d: rel L2 %.1e (y =), %.1e (y +=), %zu outside",
                  kind, M, N, K, soff ? " (scales 2 bytes off)" : "", cfg, rel[0], rel[1], bad);
     }
-    /* Run to run, and M to M: the picked cfg again, then rows alone. */
-    kdt_status s = kdt_sgemm(f, dx, dw, dsc, (float *)dy, M, N, K, 0, NULL);
+    /* Run to run (with programmatic dependent launch, behind a product into the same y), and M to M: the
+     * picked cfg again, then rows alone. */
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    CK(cudaMemsetAsync(dy, 0xFF, ny * 4, st));
+    kdt_status s = kdt_sgemm(f, dx, dw, dsc, (float *)dy, M, N, K, KDT_SGEMM_ACCUMULATE, st);
+    if (s == KDT_OK) s = kdt_sgemm(f, dx, dw, dsc, (float *)dy, M, N, K, KDT_SGEMM_PDL, st);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaStreamDestroy(st));
     if (s == KDT_OK) CK(cudaMemcpy(h, dy, ny * 4, cudaMemcpyDeviceToHost));
     int same_rows = 0;
     const int rows[3] = {0, M / 2, M - 1};
@@ -234,12 +242,79 @@ void run_sgemm_case(int fmt, int M, int N, int K, int soff = 0) {
         same_rows += s == KDT_OK && !memcmp(row, first + (size_t)rows[j] * N, (size_t)N * 4);
     }
     kt_check(s == KDT_OK && !memcmp(h, first, ny * 4) && same_rows == 3 && same_cfgs == KDT_SGEMM_CFGS - 1,
-             "sgemm %s M %d N %d K %d: two runs %s, rows 0, %d, %d alone (M = 1) bit-identical to the M-row product: %d of 3, "
+             "sgemm %s M %d N %d K %d: two runs (the second with PDL) %s, rows 0, %d, %d alone (M = 1) bit-identical to the M-row product: %d of 3, "
              "cfgs 1 .. %d bit-identical to the picked one: %d%s%s",
              kind, M, N, K, !memcmp(h, first, ny * 4) ? "bit-identical" : "DIFFER", M / 2, M - 1, same_rows, KDT_SGEMM_CFGS - 1,
              same_cfgs, s == KDT_OK ? "" : ": ", s == KDT_OK ? "" : kdt_last_error());
     cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy);
     free(w); free(scale); free(wf); free(scale16); free(x); free(ref); free(y0); free(h); free(first); free(row);
+}
+
+/* KDT_SGEMM_GLU: act [M, I] bf16 = silu(x gate^T) * (x up^T), w bf16 [2I, K], on a NaN-poisoned act, against
+ * the CPU (double products, f32 silu; within 2^-7 relative of each element plus 1e-3 of the largest |act|:
+ * bf16 rounding), against the plain product y [M, 2I] of the same launcher with kdt_mk_silu_mul's formula
+ * applied on the host (at most 1 bf16 ulp: the host's expf against the device's), run to run bit-identical,
+ * and rows 0, M / 2, M - 1 alone (M = 1) bit-identical to the M-row launch. */
+void run_glu_case(int M, int I, int K) {
+    const int N = 2 * I;
+    uint16_t *w = (uint16_t *)malloc((size_t)N * K * 2), *x = (uint16_t *)malloc((size_t)M * K * 2);
+    float *wf = (float *)malloc((size_t)N * K * 4), *y = (float *)malloc((size_t)M * N * 4);
+    for (size_t i = 0; i < (size_t)N * K; i++) wf[i] = bf2f(w[i] = f2bf(unit() * 0.2f));
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = f2bf(unit());
+    double ymax;
+    double *ref = reference(x, wf, M, N, K, &ymax);
+    const size_t na = (size_t)M * I;
+    uint16_t *act = (uint16_t *)malloc(na * 2), *first = (uint16_t *)malloc(na * 2), *row = (uint16_t *)malloc((size_t)I * 2);
+    void *dw, *dx, *dy, *da;
+    CK(cudaMalloc(&dw, (size_t)N * K * 2));
+    CK(cudaMalloc(&dx, (size_t)M * K * 2));
+    CK(cudaMalloc(&dy, (size_t)M * N * 4));
+    CK(cudaMalloc(&da, na * 2));
+    CK(cudaMemcpy(dw, w, (size_t)N * K * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx, x, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(da, 0xFF, na * 2));
+    kdt_status s = kdt_sgemm(KDT_SGEMM_BF16, dx, dw, NULL, da, M, N, K, KDT_SGEMM_GLU, NULL);
+    if (s == KDT_OK) s = kdt_sgemm_cfg(2, KDT_SGEMM_BF16, dx, dw, NULL, dy, M, N, K, 0, NULL);
+    if (s != KDT_OK) {
+        kt_fail("sgemm glu M %d I %d K %d: %s", M, I, K, kdt_last_error());
+    } else {
+        CK(cudaMemcpy(first, da, na * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(y, dy, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
+        double amax = 0;
+        for (int m = 0; m < M; m++)
+            for (int i = 0; i < I; i++) {
+                const double g = ref[(size_t)m * N + i], u = ref[(size_t)m * N + I + i];
+                amax = fmax(amax, fabs(g / (1 + exp(-g)) * u));
+            }
+        size_t bad = 0, off_ulp = 0;
+        for (int m = 0; m < M; m++)
+            for (int i = 0; i < I; i++) {
+                const double g = ref[(size_t)m * N + i], u = ref[(size_t)m * N + I + i], e = g / (1 + exp(-g)) * u;
+                const float a = bf2f(first[(size_t)m * I + i]);
+                if (!(fabs(a - e) <= fabs(e) / 128 + 1e-3 * amax)) bad++;
+                const float yg = y[(size_t)m * N + i], yu = y[(size_t)m * N + I + i];
+                const int d = (int)first[(size_t)m * I + i] - (int)f2bf(yg / (1.0f + expf(-yg)) * yu);
+                off_ulp += d < -1 || d > 1;
+            }
+        kt_check(!bad && !off_ulp, "sgemm glu M %d I %d K %d: %zu of %zu outside the CPU's bound, %zu more than 1 ulp from the plain "
+                 "product's silu(g) * u", M, I, K, bad, na, off_ulp);
+        CK(cudaMemset(da, 0xFF, na * 2));
+        s = kdt_sgemm(KDT_SGEMM_BF16, dx, dw, NULL, da, M, N, K, KDT_SGEMM_GLU, NULL);
+        if (s == KDT_OK) CK(cudaMemcpy(act, da, na * 2, cudaMemcpyDeviceToHost));
+        int same_rows = 0;
+        const int rows[3] = {0, M / 2, M - 1};
+        for (int j = 0; j < 3 && s == KDT_OK; j++) {
+            CK(cudaMemset(da, 0xFF, (size_t)I * 2));
+            s = kdt_sgemm(KDT_SGEMM_BF16, (const uint16_t *)dx + (size_t)rows[j] * K, dw, NULL, da, 1, N, K, KDT_SGEMM_GLU, NULL);
+            if (s == KDT_OK) CK(cudaMemcpy(row, da, (size_t)I * 2, cudaMemcpyDeviceToHost));
+            same_rows += s == KDT_OK && !memcmp(row, first + (size_t)rows[j] * I, (size_t)I * 2);
+        }
+        kt_check(s == KDT_OK && !memcmp(act, first, na * 2) && same_rows == 3,
+                 "sgemm glu M %d I %d K %d: two runs %s, rows 0, %d, %d alone (M = 1) bit-identical: %d of 3", M, I, K,
+                 !memcmp(act, first, na * 2) ? "bit-identical" : "DIFFER", M / 2, M - 1, same_rows);
+    }
+    cudaFree(dw); cudaFree(dx); cudaFree(dy); cudaFree(da);
+    free(w); free(x); free(wf); free(y); free(ref); free(act); free(first); free(row);
 }
 
 } // namespace
@@ -267,6 +342,12 @@ int main() {
     run_sgemm_case(0, 2, 33, 200);     /* bf16: K % 32 != 0 (a partial step) */
     run_sgemm_case(1, 4, 129, 208);    /* fp8: a partial 128-k block and a partial 64-k step */
     run_sgemm_case(2, 5, 131, 1056, 2); /* int4: 33 groups a row, scales 2 bytes off (one load a scale) */
+    /* GLU: one K slice and splits, partial 64-output tiles, 1 to 4 column tiles of x. */
+    static const int gshapes[][3] = {{1, 100, 224}, {4, 33, 1056}, {16, 300, 2048}, {9, 2048, 7168}, {16, 64, 512}};
+    for (const auto &sh : gshapes) run_glu_case(sh[0], sh[1], sh[2]);
+    kt_check(kdt_sgemm(KDT_SGEMM_FP8, (void *)16, (void *)16, (void *)16, (float *)16, 1, 8, 64, KDT_SGEMM_GLU, NULL) ==
+                     KDT_ERR_INVALID_ARG,
+             "sgemm refuses GLU on fp8: %s", kdt_last_error());
     kdt_status bad = kdt_sgemm(KDT_SGEMM_FP8, (void *)16, (void *)16, (void *)16, (float *)16, 33, 8, 64, 0, NULL);
     kt_check(bad == KDT_ERR_SHAPE && strstr(kdt_last_error(), "sgemm fp8"), "sgemm refuses M = 33: %s", kdt_last_error());
     /* Bad arguments are refused, naming the kernel. */

@@ -72,11 +72,8 @@ __device__ __forceinline__ void cp16(void *dst, const void *src, bool in) {
  * sums its share of the tile over the cluster's ranks in order and writes (or adds to) y [M, N].
  * acc [kTR][kMT][4]: the C fragments, c0, c1 row g and x rows 2t, 2t + 1, c2, c3 row g + 8. */
 template <int kTR, int kMT, int kW>
-__device__ __forceinline__ void tile_reduce(float *red, const float (&acc)[kTR][kMT][4], float *__restrict__ y, int M, int N, int m0,
-                                            int n0, bool accumulate) {
-    constexpr int kRows = 16 * kTR * kW, kPitch = kRows + 4;
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
+__device__ __forceinline__ void tile_stash(float *red, const float (&acc)[kTR][kMT][4]) {
+    constexpr int kPitch = 16 * kTR * kW + 4;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int r = 0; r < kTR; r++) {
@@ -89,6 +86,14 @@ __device__ __forceinline__ void tile_reduce(float *red, const float (&acc)[kTR][
             red[(8 * i + 2 * t + 1) * kPitch + row + 8] = acc[r][i][3];
         }
     }
+}
+template <int kTR, int kMT, int kW>
+__device__ __forceinline__ void tile_reduce(float *red, const float (&acc)[kTR][kMT][4], float *__restrict__ y, int M, int N, int m0,
+                                            int n0, bool accumulate) {
+    constexpr int kRows = 16 * kTR * kW, kPitch = kRows + 4;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    tile_stash<kTR, kMT, kW>(red, acc);
     cluster.sync();
     const int S = gridDim.y, rank = blockIdx.y;
     const int mrows = min(M - m0, kMT * 8), total = mrows * kRows;

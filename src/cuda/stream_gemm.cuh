@@ -33,9 +33,9 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 template <int kFmt> constexpr int step_k() { return kFmt == KDT_SGEMM_BF16 ? 32 : kFmt == KDT_SGEMM_FP8 ? 64 : 128; }
 
 /* cfg -> (row tiles a warp, steps in flight, int4's quad transpose through shared memory and ldmatrix
- * instead of shuffles); cfg 0 is "pick"; cfgs 4 and 5 are 3 and 2 but for the transpose (int4 only). */
-constexpr int kCfgTR[KDT_SGEMM_CFGS] = {0, 1, 2, 1, 1, 2}, kCfgD[KDT_SGEMM_CFGS] = {0, 4, 4, 8, 8, 4};
-constexpr bool kCfgLdsm[KDT_SGEMM_CFGS] = {false, false, false, false, true, true};
+ * instead of shuffles); cfg 0 is "pick"; cfgs 3 and 4 are int4's (bf16 and fp8 run 1 and 2 for them). */
+constexpr int kCfgTR[KDT_SGEMM_CFGS] = {0, 1, 2, 1, 2}, kCfgD[KDT_SGEMM_CFGS] = {0, 4, 4, 8, 4};
+constexpr bool kCfgLdsm[KDT_SGEMM_CFGS] = {false, false, false, true, true};
 
 /* 16 bytes of W, read once: L1 bypassed, L2 asked for the 256-byte span around it; zeros when !in. */
 __device__ __forceinline__ uint4 ld_w(const uint8_t *p, bool in) {
@@ -82,20 +82,25 @@ __device__ __forceinline__ uint4 ldsm_transposed(const uint4 *buf, int lane) {
     return r;
 }
 
-/* One bf16 step (32 k): lane t's 8 k kb + 8t .. of each row; mma j takes words 2j, 2j + 1. */
-template <int kTR, int kMT>
-__device__ __forceinline__ void step_bf16(float (&acc)[kTR][kMT][4], const uint4 (&v)[kTR][2], const __nv_bfloat16 *const (&xr)[kMT],
-                                          int kb, int K, int t) {
+/* x's 16 bytes of a bf16 step (32 k) for each column tile: lane t's 8 k kb + 8t .. of its row; loaded a step
+ * ahead of their mmas (an x line's first reader in an SM waits on L2). */
+template <int kMT>
+__device__ __forceinline__ void x_bf16(uint4 (&xv)[kMT], const __nv_bfloat16 *const (&xr)[kMT], int kb, int K, int t) {
     const int k = kb + 8 * t;
 #pragma unroll
-    for (int i = 0; i < kMT; i++) {
-        const uint4 xv = ld_x(xr[i] + k, k < K);
+    for (int i = 0; i < kMT; i++) xv[i] = ld_x(xr[i] + k, k < K);
+}
+
+/* One bf16 step (32 k): lane t's 8 k of each row and of x (x_bf16); mma j takes words 2j, 2j + 1. */
+template <int kTR, int kMT>
+__device__ __forceinline__ void step_bf16(float (&acc)[kTR][kMT][4], const uint4 (&v)[kTR][2], const uint4 (&xv)[kMT]) {
+#pragma unroll
+    for (int i = 0; i < kMT; i++)
 #pragma unroll
         for (int r = 0; r < kTR; r++) {
-            mma(acc[r][i], v[r][0].x, v[r][1].x, v[r][0].y, v[r][1].y, xv.x, xv.y);
-            mma(acc[r][i], v[r][0].z, v[r][1].z, v[r][0].w, v[r][1].w, xv.z, xv.w);
+            mma(acc[r][i], v[r][0].x, v[r][1].x, v[r][0].y, v[r][1].y, xv[i].x, xv[i].y);
+            mma(acc[r][i], v[r][0].z, v[r][1].z, v[r][0].w, v[r][1].w, xv[i].z, xv[i].w);
         }
-    }
 }
 
 /* One fp8 step (64 k): lane t's 16 k kb + 16t ..; mma j takes byte word j (k + 4j ..): bytes 0, 2 in
@@ -201,18 +206,59 @@ __device__ __forceinline__ uint2 int4_scales(const uint16_t *__restrict__ s16, i
     return make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
 }
 
+/* Programmatic dependent launch (KDT_SGEMM_PDL): wait for the previous grid (complete, its writes visible),
+ * then let the next kernel be scheduled; both do nothing in a plain launch. */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* kdt_mk_silu_mul's silu(g) * u, rounded to bf16. */
+__device__ __forceinline__ __nv_bfloat16 silu_mul(float g, float u) { return __float2bfloat16_rn(g / (1.0f + expf(-g)) * u); }
+
+/* KDT_SGEMM_GLU with a K split: the cluster's partial tiles summed in rank order as tile_reduce does, a gate
+ * row (row tile 0 of its warp) with its up row (row tile 1) by the same thread, out bf16 [M, I]. */
+template <int kMT>
+__device__ __forceinline__ void glu_reduce(float *red, const float (&acc)[2][kMT][4], __nv_bfloat16 *__restrict__ out, int M, int I,
+                                           int j0) {
+    constexpr int kRows = 32 * kWarps, kPitch = kRows + 4, kOut = 16 * kWarps;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    tile_stash<2, kMT, kWarps>(red, acc);
+    cluster.sync();
+    const int S = gridDim.y, rank = blockIdx.y, total = min(M, kMT * 8) * kOut;
+    for (int e = rank * total / S + threadIdx.x; e < (rank + 1) * total / S; e += kThreads) {
+        const int m = e / kOut, j = e % kOut, rg = 32 * (j / 16) + j % 16; /* red's gate row; its up row is rg + 16 */
+        float gv = 0, uv = 0;
+        for (int q = 0; q < S; q++) {
+            const float *r = cluster.map_shared_rank(red, q) + m * kPitch + rg;
+            gv += r[0];
+            uv += r[16];
+        }
+        if (j0 + j < I) out[(size_t)m * I + j0 + j] = silu_mul(gv, uv);
+    }
+    cluster.sync(); /* no block leaves while another reads its partials */
+}
+
 /* y [M, N] (+)= x [M, K] . dequant(w)^T. Grid (ceil(N / (64 kTR)), S), clusters of (1, S, 1) when S > 1:
- * block y = rank = slice of K. Rows past N and x rows past M are read clamped and never written. */
-template <int kFmt, int kTR, int kMT, int kD, bool kLdsm>
+ * block y = rank = slice of K. Rows past N and x rows past M are read clamped and never written.
+ * kGlu (kTR 2): warp row tile 0 holds gate rows, tile 1 the up rows I = N / 2 further, 64 outputs a block.
+ * The ring's first kD steps (weights only) load before pdl_wait. */
+template <int kFmt, int kTR, int kMT, int kD, bool kLdsm, bool kGlu>
 __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
-                                                      const void *__restrict__ scale, float *__restrict__ y, int M, int N, int K,
-                                                      int accumulate) {
+                                                      const void *__restrict__ scale, void *__restrict__ yv, int M, int N, int K,
+                                                      unsigned flags) {
     constexpr int kK = step_k<kFmt>(), kRows = 16 * kTR * kWarps;
     static_assert(128 % (16 * kTR) == 0, "a warp's rows in one FP8 block row");
+    static_assert(!kGlu || (kTR == 2 && kFmt == KDT_SGEMM_BF16), "GLU: bf16, a gate and an up row tile a warp");
     __shared__ float red[8 * kMT * (kRows + 4)];
     __shared__ uint4 tbuf[kLdsm ? kWarps * kTR * 2 * 32 : 1]; /* int4's transposes, 2 kTR slots of 32 a warp */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * kRows, nw = n0 + warp * 16 * kTR, S = gridDim.y, rank = blockIdx.y;
+    const int I = N / 2, nr = kGlu ? 16 : 16 * kTR; /* rows of output a warp */
+    const int n0 = blockIdx.x * nr * kWarps, nw = n0 + warp * nr, S = gridDim.y, rank = blockIdx.y;
+    float *y = (float *)yv;
     const int steps = (K + kK - 1) / kK, c0 = rank * steps / S, c1 = (rank + 1) * steps / S;
     const long long ldw = kFmt == KDT_SGEMM_BF16 ? 2ll * K : kFmt == KDT_SGEMM_FP8 ? (long long)K : K / 2; /* bytes a row */
     const int ng = K / 32;
@@ -226,7 +272,7 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
     for (int r = 0; r < kTR; r++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            row[r][h] = min(nw + 16 * r + 8 * h + g, N - 1);
+            row[r][h] = kGlu ? r * I + min(nw + 8 * h + g, I - 1) : min(nw + 16 * r + 8 * h + g, N - 1);
             wr[r][h] = w + row[r][h] * ldw + 16 * t;
         }
     const __nv_bfloat16 *xr[kMT];
@@ -251,6 +297,9 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
     float acc[kTR][kMT][4] = {};
 #pragma unroll
     for (int d = 0; d < kD; d++) load(c0 + d, d);
+    pdl_wait();
+    uint4 xn[kMT]; /* bf16: x of the next step */
+    if constexpr (kFmt == KDT_SGEMM_BF16) x_bf16<kMT>(xn, xr, c0 * kK, K, t);
     for (int c = c0; c < c1; c += kD) {
 #pragma unroll
         for (int d = 0; d < kD; d++) {
@@ -260,7 +309,13 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
                 for (int r = 0; r < kTR; r++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) v[r][h] = wv[d][r][h];
-                if constexpr (kFmt == KDT_SGEMM_BF16) step_bf16<kTR, kMT>(acc, v, xr, (c + d) * kK, K, t);
+                if constexpr (kFmt == KDT_SGEMM_BF16) {
+                    uint4 xv[kMT];
+#pragma unroll
+                    for (int i = 0; i < kMT; i++) xv[i] = xn[i];
+                    if (c + d + 1 < c1) x_bf16<kMT>(xn, xr, (c + d + 1) * kK, K, t);
+                    step_bf16<kTR, kMT>(acc, v, xv);
+                }
                 else if constexpr (kFmt == KDT_SGEMM_FP8) step_fp8<kTR, kMT>(acc, v, fs[d], xr, (c + d) * kK, K, t);
                 else step_int4<kTR, kMT, kLdsm>(acc, v, is[d], xr, (c + d) * kK, K, t, tbuf + (warp * kTR * 2) * 32);
             }
@@ -268,8 +323,20 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
         }
     }
 
+    const bool accumulate = flags & KDT_SGEMM_ACCUMULATE;
+    if constexpr (kGlu) {
+        if (S > 1) return glu_reduce<kMT>(red, acc, (__nv_bfloat16 *)yv, M, I, n0);
+#pragma unroll
+        for (int i = 0; i < kMT; i++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int n = nw + g + 8 * (c >> 1), m = 8 * i + 2 * t + (c & 1);
+                if (n < I && m < M) ((__nv_bfloat16 *)yv)[(size_t)m * I + n] = silu_mul(acc[0][i][c], acc[1][i][c]);
+            }
+        return;
+    }
     if (S > 1) {
-        tile_reduce<kTR, kMT, kWarps>(red, acc, y, M, N, 0, n0, accumulate != 0);
+        tile_reduce<kTR, kMT, kWarps>(red, acc, y, M, N, 0, n0, accumulate);
         return;
     }
 #pragma unroll
@@ -285,12 +352,43 @@ __global__ void __launch_bounds__(kThreads) sgemm_kernel(const __nv_bfloat16 *__
             }
 }
 
+/* Grid (tiles, S) in clusters of (1, S, 1) (past 8 a non-portable size, allowed once a kernel), with
+ * programmatic stream serialization when flags ask. */
+template <int kFmt, int kTR, int kMT, int kD, bool kLdsm, bool kGlu>
+cudaError_t launch_kernel(int tiles, int S, cudaStream_t st, const void *x, const void *w, const void *scale, void *y, int M, int N,
+                          int K, unsigned flags) {
+    static bool large;
+    if (S > 8 && !large) {
+        const cudaError_t e = cudaFuncSetAttribute(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm, kGlu>,
+                                                   cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (e != cudaSuccess) return e;
+        large = true;
+    }
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = S;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(tiles, S);
+    c.blockDim = dim3(kThreads);
+    c.stream = st;
+    c.attrs = at;
+    c.numAttrs = flags & KDT_SGEMM_PDL ? 2 : 1;
+    return cudaLaunchKernelEx(&c, sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm, kGlu>, (const __nv_bfloat16 *)x, (const uint8_t *)w, scale,
+                              y, M, N, K, flags);
+}
+
 template <int kFmt, int kTR, int kMT, int kD, bool kLdsm>
-kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, int S,
+kdt_status launch_mt(const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags, int S,
                      cudaStream_t st, const char *what) {
-    const int tiles = (N + 64 * kTR - 1) / (64 * kTR);
-    const cudaError_t e = launch_k_split(sgemm_kernel<kFmt, kTR, kMT, kD, kLdsm>, dim3(tiles, S), kThreads, 0, S, st,
-                                         (const __nv_bfloat16 *)x, (const uint8_t *)w, scale, y, M, N, K, accumulate);
+    const bool glu = kTR == 2 && kFmt == KDT_SGEMM_BF16 && (flags & KDT_SGEMM_GLU);
+    const int tiles = glu ? (N / 2 + 16 * kWarps - 1) / (16 * kWarps) : (N + 64 * kTR - 1) / (64 * kTR);
+    const cudaError_t e = glu ? launch_kernel<kFmt, kTR, kMT, kD, kLdsm, kTR == 2 && kFmt == KDT_SGEMM_BF16>(tiles, S, st, x, w, scale,
+                                                                                                            y, M, N, K, flags)
+                              : launch_kernel<kFmt, kTR, kMT, kD, kLdsm, false>(tiles, S, st, x, w, scale, y, M, N, K, flags);
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "%s: launch of %d x %d blocks in clusters of %d: %s", what, tiles, S, S, cudaGetErrorString(e));
     KDT_CUDA_CHECK_LAUNCH(what);
@@ -299,8 +397,12 @@ kdt_status launch_mt(const void *x, const void *w, const void *scale, float *y, 
 
 /* K split S: as many slices (at most 8, each at least 4 steps) as let every block of the reference kernel
  * (2 row tiles a warp, 4 steps in flight, 16 rows of x; int4's transpose through shared memory) run at
- * once over 128-row tiles. It depends on the format, N, K and the SM count alone, not on the cfg or M, so
- * every cfg and every M sums a row's k in the same order (bit-identical rows). */
+ * once over 128-row tiles. bf16: where that wave would fill less than 3/4 of the resident blocks, about 1.5
+ * waves instead (gemv_split_bench, Kimi's dense gate/up [36864, 7168]: S 1 190 us, 2 (1.09 waves) 168, 3 134);
+ * where 16 slices would all fit, 12 (a non-portable cluster: q_a+kv_a [2112, 7168] 16.2 -> 13.1 us, shared
+ * gate/up [4096, 7168] 23.3 -> 19.3 against S 8; 16 slower than 12 on both).
+ * It depends on the format, N, K and the SM count alone, not on the cfg or M, so every cfg and every M sums
+ * a row's k in the same order (bit-identical rows). */
 template <int kFmt>
 kdt_status k_split(int N, int K, int *S) {
     static int resident;
@@ -308,39 +410,44 @@ kdt_status k_split(int N, int K, int *S) {
         int dev = 0, sms = 0, per_sm = 0;
         KDT_CUDA_CHECK(cudaGetDevice(&dev));
         KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, 2, 2, 4, kFmt == KDT_SGEMM_INT4>,
+        KDT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sgemm_kernel<kFmt, 2, 2, 4, kFmt == KDT_SGEMM_INT4, false>,
                                                                      kThreads, 0));
         resident = sms * max(per_sm, 1);
     }
     const int tiles = (N + 127) / 128, steps = (K + step_k<kFmt>() - 1) / step_k<kFmt>();
-    *S = max(1, min(min(8, steps / 4), resident / tiles));
+    int s = resident / tiles;
+    if (kFmt == KDT_SGEMM_BF16 && 4 * tiles * s < 3 * resident) s = (3 * resident + 2 * tiles - 1) / (2 * tiles);
+    *S = max(1, min(min(kFmt == KDT_SGEMM_BF16 && s >= 16 ? 12 : 8, steps / 4), s));
     return KDT_OK;
 }
 
 template <int kFmt, int kTR, int kD, bool kLdsm>
-kdt_status launch_cfg(const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st,
+kdt_status launch_cfg(const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags, cudaStream_t st,
                       const char *what) {
     int S = 1;
     KDT_TRY(k_split<kFmt>(N, K, &S));
     switch ((M + 7) / 8) {
-    case 1: return launch_mt<kFmt, kTR, 1, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    case 2: return launch_mt<kFmt, kTR, 2, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    case 3: return launch_mt<kFmt, kTR, 3, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
-    default: return launch_mt<kFmt, kTR, 4, kD, kLdsm>(x, w, scale, y, M, N, K, accumulate, S, st, what);
+    case 1: return launch_mt<kFmt, kTR, 1, kD, kLdsm>(x, w, scale, y, M, N, K, flags, S, st, what);
+    case 2: return launch_mt<kFmt, kTR, 2, kD, kLdsm>(x, w, scale, y, M, N, K, flags, S, st, what);
+    case 3: return launch_mt<kFmt, kTR, 3, kD, kLdsm>(x, w, scale, y, M, N, K, flags, S, st, what);
+    default: return launch_mt<kFmt, kTR, 4, kD, kLdsm>(x, w, scale, y, M, N, K, flags, S, st, what);
     }
 }
 
 template <int kFmt>
-kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate,
+kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags,
                       cudaStream_t st, const char *what) {
-    /* cfgs 4 and 5 of bf16 and fp8 are 3 and 2 (the kLdsm term below): the transpose is int4's alone */
-#define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c] && kFmt == KDT_SGEMM_INT4>
-    switch (cfg) {
-    case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, accumulate, st, what);
-    case 2: return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, accumulate, st, what);
-    case 3: return KDT_SGEMM_CFG(3)(x, w, scale, y, M, N, K, accumulate, st, what);
-    case 4: return KDT_SGEMM_CFG(4)(x, w, scale, y, M, N, K, accumulate, st, what);
-    default: return KDT_SGEMM_CFG(5)(x, w, scale, y, M, N, K, accumulate, st, what);
+#define KDT_SGEMM_CFG(c) launch_cfg<kFmt, kCfgTR[c], kCfgD[c], kCfgLdsm[c]>
+    if constexpr (kFmt != KDT_SGEMM_INT4) { /* cfgs 3 and 4 are 1 and 2: the transpose is int4's alone */
+        if (cfg % 2) return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, flags, st, what);
+        return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, flags, st, what);
+    } else {
+        switch (cfg) {
+        case 1: return KDT_SGEMM_CFG(1)(x, w, scale, y, M, N, K, flags, st, what);
+        case 2: return KDT_SGEMM_CFG(2)(x, w, scale, y, M, N, K, flags, st, what);
+        case 3: return KDT_SGEMM_CFG(3)(x, w, scale, y, M, N, K, flags, st, what);
+        default: return KDT_SGEMM_CFG(4)(x, w, scale, y, M, N, K, flags, st, what);
+        }
     }
 #undef KDT_SGEMM_CFG
 }
@@ -349,7 +456,7 @@ kdt_status launch_fmt(int cfg, const void *x, const void *w, const void *scale, 
 
 /* The launch of one format, cfg 1 .. KDT_SGEMM_CFGS - 1, arguments checked (stream_gemm_<fmt>.cu). */
 #define KDT_SGEMM_LAUNCH_ARGS                                                                                            \
-    int cfg, const void *x, const void *w, const void *scale, float *y, int M, int N, int K, int accumulate, cudaStream_t st, \
+    int cfg, const void *x, const void *w, const void *scale, void *y, int M, int N, int K, unsigned flags, cudaStream_t st, \
         const char *what
 kdt_status kdt_sgemm_launch_bf16(KDT_SGEMM_LAUNCH_ARGS);
 kdt_status kdt_sgemm_launch_fp8(KDT_SGEMM_LAUNCH_ARGS);

@@ -20,16 +20,29 @@ extern "C" {
 
 typedef enum { KDT_SGEMM_BF16 = 0, KDT_SGEMM_FP8 = 1, KDT_SGEMM_INT4 = 2 } kdt_sgemm_fmt;
 
-/* y [M, N] f32 = x [M, K] bf16 . dequant(w)^T, or y += that when accumulate; 0 <= M <= 32. */
-kdt_status kdt_sgemm(kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N, int32_t K,
-                     int accumulate, void *stream);
+/* flags (OR'ed):
+ *   KDT_SGEMM_ACCUMULATE: y += the product instead of y =;
+ *   KDT_SGEMM_PDL: launched with programmatic dependent launch (the caller's previous kernel may still run):
+ *     each block loads its first weights, which no kernel writes, then waits for the previous grid
+ *     (griddepcontrol.wait) before it reads x or touches y, so its DRAM ramp-up overlaps that kernel's tail;
+ *   KDT_SGEMM_GLU (bf16 only, no accumulate): w is a gate/up stack [2I, K] (N = 2I, gate rows first) and
+ *     y is bf16 [M, I] = silu(x gate^T) * (x up^T), each product rounded as the f32 y would be, then
+ *     silu(g) * u = g / (1 + exp(-g)) * u in f32 rounded to bf16 (kdt_mk_silu_mul's formula). */
+#define KDT_SGEMM_ACCUMULATE 1u
+#define KDT_SGEMM_PDL 2u
+#define KDT_SGEMM_GLU 4u
+
+/* y [M, N] f32 = x [M, K] bf16 . dequant(w)^T, or as flags say; 0 <= M <= 32. */
+kdt_status kdt_sgemm(kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, void *y, int32_t M, int32_t N, int32_t K,
+                     unsigned flags, void *stream);
 
 /* kdt_sgemm with the kernel's shape named (bench_quant_gemm's variants): cfg 0 picks by M as
  * kdt_sgemm does; 1 .. KDT_SGEMM_CFGS - 1 force one (row tiles a warp x steps in flight a lane: 1 x 4,
- * 2 x 4, 1 x 8; 4 and 5: 1 x 8 and 2 x 4 with int4's transpose through shared memory, else as 3 and 2). */
-#define KDT_SGEMM_CFGS 6
-kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, float *y, int32_t M, int32_t N,
-                         int32_t K, int accumulate, void *stream);
+ * 2 x 4; 3 and 4: 1 x 8 and 2 x 4 with int4's transpose through shared memory, for bf16 and fp8 as 1 and 2).
+ * GLU runs 2 whatever the cfg. */
+#define KDT_SGEMM_CFGS 5
+kdt_status kdt_sgemm_cfg(int cfg, kdt_sgemm_fmt fmt, const void *x, const void *w, const void *scale, void *y, int32_t M, int32_t N,
+                         int32_t K, unsigned flags, void *stream);
 /* The cfg kdt_sgemm picks for M rows (the bench prints it): every cfg gives the same bits. */
 int kdt_sgemm_auto_cfg(kdt_sgemm_fmt fmt, int32_t M);
 

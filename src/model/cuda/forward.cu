@@ -447,8 +447,7 @@ kdt_status mlp(Fwd &f, const kdt_mlp_dw *w, const kdt_mk_norm *norm) {
         KDT_TRY(kdt_mk_dense_small((int32_t)d.R, f.u.hn, w->gate_up.w[0], d.hid, (int32_t)I, 1, f.u.act, 0, norm, d.dt, f.s));
     else {
         if (norm) KDT_TRY(norm_rows(f, d.R, *norm));
-        KDT_TRY(kdt_lin(&f.lc, &w->gate_up, 0, d.R, f.u.hn, f.u.gu, 0));
-        KDT_TRY(kdt_mk_silu_mul(f.u.gu, d.R, (int32_t)I, f.u.act, d.dt, f.s));
+        KDT_TRY(kdt_lin_glu(&f.lc, &w->gate_up, d.R, f.u.hn, f.u.gu, f.u.act));
     }
     return proj(f, d.R, w->down, f.u.act, f.u.x, 1.0f);
 }

@@ -1,8 +1,9 @@
-/* The forward's linears: cuBLAS on weights in the model's dtype; on weights kept quantized, the
- * weight-streaming kernel (stream_gemm.h) at decode and verify sizes where it is ahead, else quant_gemm's
- * kernels (see linear.h). A stack of two quantized parts (FP8 gate/up whose gate rows are not a whole
- * number of 128-row blocks) runs one product per part, each placed into its columns of y; an
- * accumulated product of parts goes through the same placing kernel. */
+/* The forward's linears: cuBLAS on weights in the model's dtype (bf16 ones on request on the weight-streaming
+ * kernel, with PDL in a PDL forward); on weights kept quantized, the weight-streaming kernel (stream_gemm.h) at
+ * decode and verify sizes where it is ahead, else quant_gemm's kernels (see linear.h). A stack of two
+ * quantized parts (FP8 gate/up whose gate rows are not a whole number of 128-row blocks) runs one product
+ * per part, each placed into its columns of y; an accumulated product of parts goes through the same
+ * placing kernel. */
 #include <climits>
 #include <stdlib.h>
 
@@ -10,6 +11,7 @@
 #include "cuda/quant_gemm.h"
 #include "cuda/stream_gemm.h"
 #include "model/cuda.h"
+#include "model/cuda/kernels.h"
 #include "model/cuda/linear.h"
 
 namespace {
@@ -38,6 +40,23 @@ int64_t sgemm_rows() {
 /* A quantized product of M rows with W [N, K] on the streaming kernel (else quant_gemm's): where the H200's
  * bench_quant_gemm has it ahead (docs/perf/quant.md): INT4 at every shape, FP8 on the large matrices. */
 bool sgemm_quant(bool int4, int64_t M, int64_t N, int64_t K) { return M <= sgemm_rows() && (int4 || N * K >= KDT_LIN_SGEMM_FP8_ELEMS); }
+
+/* A bf16 product of M rows of x with W [N, K] on the streaming kernel (else cuBLAS): up to sgemm_rows() rows,
+ * x and W 16-byte aligned, W of at most KDT_LIN_SGEMM_BF16_MB MB ($KDT_LIN_SGEMM_BF16_MB overrides it). */
+bool sgemm_bf16(const kdt_lin_ctx *c, int64_t M, int64_t N, int64_t K, const void *x, const void *W) {
+    static int64_t mb = -1;
+    if (mb < 0) {
+        const char *e = getenv("KDT_LIN_SGEMM_BF16_MB");
+        mb = e ? atoll(e) : KDT_LIN_SGEMM_BF16_MB;
+        mb = mb < 0 ? 0 : mb;
+    }
+    return c->dt == KDT_BF16 && M <= sgemm_rows() && N * K * 2 <= mb * 1000000 && N <= INT_MAX && K <= INT_MAX && K % 8 == 0 &&
+           ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
+}
+
+/* The bf16 streaming kernel's flags: PDL where the calling thread's forward launches its kernels so (the
+ * quantized products launch as they were measured, without). */
+unsigned sgemm_flags(int accumulate) { return (accumulate ? KDT_SGEMM_ACCUMULATE : 0u) | (kdt_mk_pdl() ? KDT_SGEMM_PDL : 0u); }
 
 unsigned blocks_for(int64_t n) { return (unsigned)(n < 256 * 4096 ? (n + 255) / 256 : 4096); }
 
@@ -70,6 +89,8 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
     if (w->fmt == KDT_WFMT_DENSE) {
         const cudaDataType ct = c->dt == KDT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
         const void *W = (const char *)w->w[0] + (size_t)e * N * K * kdt_dtype_size(c->dt);
+        if (sgemm_bf16(c, M, N, K, x, W))
+            return kdt_sgemm(KDT_SGEMM_BF16, x, W, nullptr, y, (int32_t)M, (int32_t)N, (int32_t)K, sgemm_flags(accumulate), c->s);
         return kdt_lin_gemm(c->blas, M, N, K, W, ct, K, x, ct, K, y, CUDA_R_32F, N, beta);
     }
     if (c->dt != KDT_BF16 || M > INT_MAX)
@@ -91,7 +112,7 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
         float *out = direct ? y : c->tmp;
         if (sgemm)
             s = kdt_sgemm(int4 ? KDT_SGEMM_INT4 : KDT_SGEMM_FP8, x, part_w(w, p, e), part_s(w, p, e), out, (int32_t)M, n, (int32_t)K,
-                          direct && accumulate, c->s);
+                          direct && accumulate ? KDT_SGEMM_ACCUMULATE : 0u, c->s);
         else
             s = int4 ? kdt_qgemm_int4(x, part_w(w, p, e), part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s)
                      : kdt_qgemm_fp8(x, part_w(w, p, e), (const float *)part_s(w, p, e), out, (int32_t)M, n, (int32_t)K, c->s);
@@ -100,6 +121,15 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
         KDT_CUDA_CHECK_LAUNCH("linear place");
     }
     return s;
+}
+
+extern "C" kdt_status kdt_lin_glu(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t M, const void *x, float *gu, void *act) {
+    const int64_t I = w->N / 2;
+    if (w->fmt == KDT_WFMT_DENSE && w->N % 2 == 0 && sgemm_bf16(c, M, w->N, w->K, x, w->w[0]))
+        return kdt_sgemm(KDT_SGEMM_BF16, x, w->w[0], nullptr, act, (int32_t)M, (int32_t)w->N, (int32_t)w->K,
+                         KDT_SGEMM_GLU | sgemm_flags(0), c->s);
+    KDT_TRY(kdt_lin(c, w, 0, M, x, gu, 0));
+    return kdt_mk_silu_mul(gu, M, (int32_t)I, act, c->dt, c->s);
 }
 
 extern "C" kdt_status kdt_lin_prepare(kdt_model *m) {

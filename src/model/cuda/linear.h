@@ -15,11 +15,16 @@
  * per 32 rows: docs/perf/quant.md, the prefill column). */
 #define KDT_LIN_QGEMM_ROWS 64
 /* Up to this many rows (at most KDT_SGEMM_MAX_ROWS; $KDT_LIN_SGEMM_ROWS overrides it, 0 turns it off)
- * INT4 weights, and FP8 weights of at least KDT_LIN_SGEMM_FP8_ELEMS values, go to the weight-streaming
+ * INT4 weights and FP8 weights of at least KDT_LIN_SGEMM_FP8_ELEMS values go to the weight-streaming
  * kernel (stream_gemm.h): a row's result is then the same bits in a decode step and in a 16-row tree.
- * bf16 weights stay on cuBLAS, ahead of the streaming kernel at every shape measured. */
+ * bf16 weights stay on cuBLAS, ahead of the streaming kernel at every Kimi shape measured (H200, 2026-12-02
+ * 16:58, bench_quant_gemm --gemv: by 2-12% at one row with its best cfg and K split, more at 16,
+ * docs/perf/quant.md); bf16 weights of at most $KDT_LIN_SGEMM_BF16_MB MB (default 0) go to it too, with
+ * programmatic dependent launch inside a PDL forward and an MLP's gate/up fused with SiLU.mul:
+ * batch-invariant products at a measured cost. */
 #define KDT_LIN_SGEMM_ROWS 16
 #define KDT_LIN_SGEMM_FP8_ELEMS (48ll << 20)
+#define KDT_LIN_SGEMM_BF16_MB 0ll
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,6 +45,10 @@ kdt_status kdt_lin_gemm(cublasHandle_t h, int64_t M, int64_t N, int64_t K, const
 
 /* y [M, N] f32 = x [M, K] (dt, contiguous) . W_e^T, matrix e of w; added to y when accumulate. */
 kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e, int64_t M, const void *x, float *y, int accumulate);
+
+/* act [M, I] (dt) = silu(x gate^T) * (x up^T) of gate_up [2I, K] (gate rows first): in one launch of the
+ * streaming kernel where kdt_lin would take it (bf16), else kdt_lin into gu [M, 2I] f32 then kdt_mk_silu_mul. */
+kdt_status kdt_lin_glu(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t M, const void *x, float *gu, void *act);
 
 /* Makes m->d_deq (m->deq_elems bf16) if the model has quantized weights and it is not there yet;
  * outside any capture (it allocates). */
