@@ -1,0 +1,202 @@
+/* The routed experts of one MoE layer on bf16 weights at decode and verify sizes: the library's
+ * grouped tensor-core kernels (kdt_moe_bf16, src/model/cuda/moe_bf16.cu, compiled into this file so
+ * that other shapes can be launched: "gu A/U/S dn A/U/S", tiles a warp, ring depth and K split of
+ * gate/up and of down) beside moe.cu's CUDA-core
+ * kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert sized on the host (what the forward runs
+ * above MOE_LARGE_ROWS_PER_EXPERT without the grouped kernels; the gather and SiLU . mul launches
+ * between them are left out, as is the host wait for the counts), at the bench models' layout:
+ * 16 experts of 7168 x 2048, top 8. Shapes: decode (1 row, 8 experts), 1, 4, 8, 16 rows on each
+ * of the 16 experts (R = 2, 8, 16, 32, each row's 8 experts consecutive), and a verify tree's 17 rows
+ * routed uniformly at random. Per variant the time of both products (CUDA events, median of --reps
+ * after 2 warm-ups), the active experts' weight bytes over it, against the device-copy ceiling
+ * measured in the same run; and ye against the grouped kernels' (max |d| over max |ye|).
+ *
+ *   make BUILD=build build/dev/moe_bf16_bench   (sm_90a; links build/libkdt.a)
+ *   build/dev/moe_bf16_bench [--out FILE] [--reps 20] */
+#include <math.h>
+
+#include <cublas_v2.h>
+
+#include "../../bench/bench_common.h"
+#include "model/cuda.h"
+#include "model/cuda/kernels.h"
+#include "model/cuda/linear.h"
+#include "model/cuda/moe_bf16.cu"
+
+namespace {
+
+constexpr int kHid = 7168, kInter = 2048, kE = 16, kTopk = 8, kMaxR = 32;
+FILE *g_out;
+int g_reps = 20;
+
+struct Shape {
+    const char *name;
+    int R;
+    bool even; /* row r's experts r K .. r K + K - 1 (mod E), else uniform at random */
+};
+
+/* The grouping of a shape's routing (kdt_mk_moe_plan's): host counts and offsets, device counts, offs, perm. */
+struct Plan {
+    int counts[kE], offs[kE], active;
+    int32_t *d;
+};
+
+Plan make_plan(const Shape &sh, uint64_t seed) {
+    Plan P = {};
+    int idx[kMaxR * kTopk], perm[kMaxR * kTopk];
+    for (int r = 0; r < sh.R; r++)
+        for (int k = 0; k < kTopk; k++) {
+            bool dup;
+            do {
+                idx[r * kTopk + k] = sh.even ? (r * kTopk + k) % kE : (int)(bench_splitmix64(&seed) % kE);
+                dup = false;
+                for (int j = 0; j < k; j++) dup |= idx[r * kTopk + j] == idx[r * kTopk + k];
+            } while (dup);
+            P.counts[idx[r * kTopk + k]]++;
+        }
+    for (int e = 0, o = 0; e < kE; o += P.counts[e], e++) P.offs[e] = o, P.active += P.counts[e] > 0;
+    for (int e = 0, q = 0; e < kE; e++)
+        for (int a = 0; a < sh.R * kTopk; a++)
+            if (idx[a] == e) perm[q++] = a;
+    CK(cudaMalloc(&P.d, (2 * kE + kMaxR * kTopk) * sizeof(int32_t)));
+    CK(cudaMemcpy(P.d, P.counts, kE * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(P.d + kE, P.offs, kE * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(P.d + 2 * kE, perm, (size_t)sh.R * kTopk * 4, cudaMemcpyHostToDevice));
+    return P;
+}
+
+struct Bufs {
+    bf16 *gu, *dn, *x, *xe, *act;
+    float *gu_out, *ye;
+    cublasHandle_t h;
+};
+
+void run_grouped(const Bufs &b, const Plan &P, int R, cudaStream_t s) {
+    KCK(kdt_moe_bf16(R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, b.dn, nullptr, nullptr, kE, kHid, kInter, b.act, b.ye, s));
+}
+template <class GU, class DN>
+void run_shape(const Bufs &b, const Plan &P, int R, cudaStream_t s) {
+    KCK(moe_bf16(GU{}, DN{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, b.dn, nullptr, nullptr, kE, kHid, kInter, b.act, b.ye, s));
+}
+void run_small(const Bufs &b, const Plan &P, int R, cudaStream_t s) {
+    KCK(kdt_mk_moe_small(R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, b.dn, nullptr, nullptr, kE, kHid, kInter, b.act, b.ye, KDT_BF16, s));
+}
+/* Per expert: gate/up [c, 2I] f32 = xe . gu_e^T, down ye [c, hid] = act . dn_e^T (act as the grouped kernels left it). */
+void run_cublas(const Bufs &b, const Plan &P, int, cudaStream_t) {
+    for (int e = 0; e < kE; e++)
+        if (P.counts[e])
+            KCK(kdt_lin_gemm(b.h, P.counts[e], 2 * kInter, kHid, b.gu + (size_t)e * 2 * kInter * kHid, CUDA_R_16BF, kHid,
+                             b.xe + (size_t)P.offs[e] * kHid, CUDA_R_16BF, kHid, b.gu_out + (size_t)P.offs[e] * 2 * kInter, CUDA_R_32F,
+                             2 * kInter, 0.f));
+    for (int e = 0; e < kE; e++)
+        if (P.counts[e])
+            KCK(kdt_lin_gemm(b.h, P.counts[e], kHid, kInter, b.dn + (size_t)e * kHid * kInter, CUDA_R_16BF, kInter,
+                             b.act + (size_t)P.offs[e] * kInter, CUDA_R_16BF, kInter, b.ye + (size_t)P.offs[e] * kHid, CUDA_R_32F, kHid,
+                             0.f));
+}
+
+typedef void (*Variant)(const Bufs &, const Plan &, int, cudaStream_t);
+
+/* The median time of v in us; ye left as v's last run wrote it. */
+double time_variant(Variant v, const Bufs &b, const Plan &P, int R, cudaStream_t s) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float t[256];
+    const int n = g_reps < 256 ? g_reps : 256;
+    for (int i = -2; i < n; i++) {
+        CK(cudaEventRecord(e0, s));
+        v(b, P, R, s);
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        if (i >= 0) CK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return bench_median(t, n) * 1e3;
+}
+
+/* max |a - b| over max |b| of n floats on the device. */
+double rel_diff(const float *a, const float *b, size_t n) {
+    float *ha = (float *)malloc(n * 4), *hb = (float *)malloc(n * 4);
+    CK(cudaMemcpy(ha, a, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb, b, n * 4, cudaMemcpyDeviceToHost));
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)ha[i] - hb[i])), m = fmax(m, fabs((double)hb[i]));
+    free(ha), free(hb);
+    return m > 0 ? d / m : d;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    const char *out_path = nullptr;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: moe_bf16_bench [--out FILE] [--reps 20]\n");
+            return 2;
+        }
+    }
+    if (g_reps < 1) g_reps = 1;
+    g_out = out_path ? fopen(out_path, "w") : nullptr;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    bench_report_header(g_out, "Routed bf16 experts of one MoE layer: grouped tensor-core kernels, moe_small, cuBLAS per expert", &prop, argc,
+                        argv);
+    const double copy_bw = bench_copy_bw();
+    bench_emit(g_out, "- copy ceiling (1 GiB device to device, read + written bytes): %.0f GB/s\n\n", copy_bw / 1e9);
+    bench_emit(g_out, "| shape | R | rows/expert | variant | us | experts | GB | GB/s | of copy | ye vs grouped |\n"
+                      "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    Bufs b;
+    const size_t gu_n = (size_t)kE * 2 * kInter * kHid, dn_n = (size_t)kE * kHid * kInter, places = (size_t)kMaxR * kTopk;
+    CK(cudaMalloc(&b.gu, gu_n * 2));
+    CK(cudaMalloc(&b.dn, dn_n * 2));
+    CK(cudaMalloc(&b.x, (size_t)kMaxR * kHid * 2));
+    CK(cudaMalloc(&b.xe, places * kHid * 2));
+    CK(cudaMalloc(&b.act, places * kInter * 2));
+    CK(cudaMalloc(&b.gu_out, places * 2 * kInter * 4));
+    float *ye_ref;
+    CK(cudaMalloc(&b.ye, places * kHid * 4));
+    CK(cudaMalloc(&ye_ref, places * kHid * 4));
+    KCK(kdt_cuda_fill_uniform(b.gu, KDT_BF16, gu_n, 11, 0.f, 1.f / sqrtf((float)kHid)));
+    KCK(kdt_cuda_fill_uniform(b.dn, KDT_BF16, dn_n, 23, 0.f, 1.f / sqrtf((float)kInter)));
+    KCK(kdt_cuda_fill_uniform(b.x, KDT_BF16, (size_t)kMaxR * kHid, 5, 0.f, 1.f));
+    KCK(kdt_cuda_fill_uniform(b.xe, KDT_BF16, places * kHid, 7, 0.f, 1.f));
+    CK(cudaDeviceSynchronize());
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cublasCreate(&b.h) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
+    CK(cublasSetStream(b.h, s) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
+
+    const Shape shapes[] = {{"decode", 1, false}, {"even", 2, true}, {"even", 8, true}, {"even", 16, true}, {"verify", 17, false}, {"even", 32, true}};
+    const struct {
+        const char *name;
+        Variant v;
+    } variants[] = {{"grouped", run_grouped},
+                    {"moe_small", run_small},
+                    {"cublas", run_cublas},
+                    {"gu 2/2/1 dn 2/2/1", run_shape<Cfg<2, 2, 1>, Cfg<2, 2, 1>>},
+                    {"gu 2/3/2 dn 2/3/2", run_shape<Cfg<2, 3, 2>, Cfg<2, 3, 2>>},
+                    {"gu 2/3/4 dn 1/3/1", run_shape<Cfg<2, 3, 4>, Cfg<1, 3, 1>>},
+                    {"gu 2/4/1 dn 1/4/1", run_shape<Cfg<2, 4, 1>, Cfg<1, 4, 1>>},
+                    {"gu 2/2/2 dn 1/4/2", run_shape<Cfg<2, 2, 2>, Cfg<1, 4, 2>>}};
+    const double expert_bytes = 3.0 * kHid * kInter * 2;
+    for (const Shape &sh : shapes) {
+        const Plan P = make_plan(sh, 0x5eed + sh.R);
+        const size_t ye_n = (size_t)sh.R * kTopk * kHid;
+        for (const auto &v : variants) {
+            const double us = time_variant(v.v, b, P, sh.R, s);
+            if (v.v == run_grouped) CK(cudaMemcpy(ye_ref, b.ye, ye_n * 4, cudaMemcpyDeviceToDevice));
+            const double bytes = P.active * expert_bytes, gbs = bytes / (us * 1e-6) / 1e9;
+            char d[32] = "-";
+            if (v.v != run_grouped && v.v != run_cublas) snprintf(d, sizeof d, "%.1e", rel_diff(b.ye, ye_ref, ye_n));
+            bench_emit(g_out, "| %s | %d | %.1f | %s | %.1f | %d | %.3f | %.0f | %.0f%% | %s |\n", sh.name, sh.R, (double)sh.R * kTopk / kE, v.name,
+                       us, P.active, bytes / 1e9, gbs, 100 * gbs * 1e9 / copy_bw, d);
+        }
+        CK(cudaFree(P.d));
+    }
+    if (g_out) fclose(g_out);
+    return 0;
+}

@@ -1,0 +1,236 @@
+/* The routed experts of a MoE layer on bf16 weights at decode and verify sizes (moe_bf16.h;
+ * docs/perf/model.md, "Grouped bf16 experts"): two launches a layer, gate/up with SiLU . mul, then
+ * down, each over every expert with rows (and the shared expert, as one more), the weights streamed
+ * once from DRAM onto the tensor cores, whatever the rows an expert (1 to 16 in one pass).
+ *
+ * Grid (output tiles, expert slots), fixed by the shapes: slot j takes the j-th expert with rows in
+ * expert order, found on the device from counts [E] (the host never waits, so the launches are
+ * captured in graphs); min(E, R K) slots, then the shared expert's. A warp owns 16 output columns
+ * a tile, kA tiles (gate/up: the 16 gate rows and the matching 16 up rows, so SiLU . mul pairs
+ * registers of one lane; down: 2 adjacent tiles), as the mma's A operand, against 8 kMT of the
+ * expert's rows as B, over all of K in 32-k steps: lane (g, t) loads 16 bytes at k 8t of weight rows
+ * g and g + 8 of each tile and of x rows g (+ 8 i), and mma.m16n8k16 pairs k 8t .. 8t + 3 then
+ * 8t + 4 .. 8t + 7 (any k order serves, the same for A and B). The ring keeps kU steps of weights
+ * and x in registers, loaded kU steps ahead of their mmas. Each output is one lane's f32 chain over
+ * the steps in k order: the bits depend on K alone, not on the other rows, kMT or the timing. */
+#include "common/cuda/cuda_common.cuh"
+#include "cuda/mma_frag.cuh"
+#include "model/cuda/moe_bf16.h"
+#include "model/cuda/pdl.cuh"
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+
+constexpr int kBWarps = 4;  /* a block: 4 warps; 4 blocks an SM at <= 128 registers a thread */
+constexpr int kBStep = 32;  /* k per step: a quad's 4 lanes x 8 values of a row */
+
+/* 16 bytes of streamed weights: not kept in L1, and the L2 asked for the row's next 256 bytes at once
+ * (the steps after this one), so that more of a warp's bytes are on their way than its registers hold. */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* The j-th expert with rows (counts [E] > 0) in expert order, or -1; its count in *cnt. Every lane
+ * gets both; 4 x 32 counts a round trip. */
+__device__ int slot_expert(const int32_t *__restrict__ counts, int E, int j, int *cnt) {
+    const int lane = threadIdx.x & 31;
+    for (int base = 0; base < E; base += 128) {
+        int c[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) c[q] = base + 32 * q + lane < E ? counts[base + 32 * q + lane] : 0;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            unsigned m = __ballot_sync(0xffffffffu, c[q] > 0);
+            if (j < __popc(m)) {
+                for (; j > 0; j--) m &= m - 1; /* drop the j lowest */
+                const int src = __ffs((int)m) - 1;
+                *cnt = __shfl_sync(0xffffffffu, c[q], src);
+                return base + 32 * q + src;
+            }
+            j -= __popc(m);
+        }
+    }
+    return -1;
+}
+
+template <int kA, int kMT> struct Stage {
+    uint4 w[kA][2]; /* tile a's rows g (h = 0) and g + 8 */
+    uint4 x[kMT];   /* x row g + 8 i */
+};
+
+/* One pass of a warp: its kA tiles of expert weights we against the expert's rows r_beg .. r_beg +
+ * 8 kMT - 1 (those below cnt) at places off + row. kGateUp: we [2 n_out, n_in], x row perm[place] / topk
+ * (the shared expert: row itself), out act [*, n_out] bf16; else we [n_out, n_in], in = act, out ye
+ * [*, n_out] f32. */
+template <bool kGateUp, int kA, int kMT, int kU, int kSplit>
+__device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, bool shared,
+                                            const bf16 *__restrict__ we, int off, int r_beg, int cnt, int n_in, int n_out, int col0,
+                                            bool live, int ks, float *red, void *out) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nsteps = n_in / kBStep;
+    const int s_beg = ks * nsteps / kSplit, s_end = (ks + 1) * nsteps / kSplit;
+    const uint4 *wr[kA][2], *xr[kMT];
+#pragma unroll
+    for (int a = 0; a < kA; a++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = (kGateUp ? a * n_out : 16 * a) + col0 + g + 8 * h;
+            wr[a][h] = (const uint4 *)(we + (size_t)row * n_in) + t;
+        }
+#pragma unroll
+    for (int i = 0; i < kMT; i++) {
+        const int r = r_beg + 8 * i + g;
+        const int src = r >= cnt ? -1 : !kGateUp ? off + r : shared ? r : perm[off + r] / topk;
+        xr[i] = src < 0 ? nullptr : (const uint4 *)(in + (size_t)src * n_in) + t;
+    }
+    auto load = [&](Stage<kA, kMT> &st, int s) {
+        if (s >= s_end) return;
+#pragma unroll
+        for (int a = 0; a < kA; a++) st.w[a][0] = ld_stream(wr[a][0] + 4 * s), st.w[a][1] = ld_stream(wr[a][1] + 4 * s);
+#pragma unroll
+        for (int i = 0; i < kMT; i++) st.x[i] = xr[i] ? __ldg(xr[i] + 4 * s) : make_uint4(0, 0, 0, 0);
+    };
+    float acc[kA][kMT][4] = {};
+    auto compute = [&](const Stage<kA, kMT> &st) {
+#pragma unroll
+        for (int a = 0; a < kA; a++)
+#pragma unroll
+            for (int i = 0; i < kMT; i++) {
+                const uint4 &p = st.w[a][0], &q = st.w[a][1], &x = st.x[i];
+                kdt_frag::mma(acc[a][i], p.x, q.x, p.y, q.y, x.x, x.y);
+                kdt_frag::mma(acc[a][i], p.z, q.z, p.w, q.w, x.z, x.w);
+            }
+    };
+    Stage<kA, kMT> ring[kU];
+#pragma unroll
+    for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
+    for (int s0 = s_beg; s0 < s_end; s0 += kU) {
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+            if (s0 + u >= s_end) break;
+            compute(ring[u]);
+            load(ring[u], s0 + u + kU);
+        }
+    }
+    if constexpr (kSplit > 1) { /* red [warp][acc][lane]: parts 1 .. kSplit - 1 added to part 0's in part order */
+        constexpr int kAcc = kA * kMT * 4;
+        float *flat = &acc[0][0][0];
+        const int warp = threadIdx.x / 32;
+        if (ks)
+#pragma unroll
+            for (int v = 0; v < kAcc; v++) red[(warp * kAcc + v) * 32 + lane] = flat[v];
+        __syncthreads();
+        if (!ks)
+            for (int q = 1; q < kSplit; q++)
+#pragma unroll
+                for (int v = 0; v < kAcc; v++) flat[v] += red[((warp + q) * kAcc + v) * 32 + lane];
+        __syncthreads(); /* red free for the next pass */
+        if (ks) return;
+    }
+    if (!live) return;
+    /* c0, c1: weight row g, x rows 2t, 2t + 1 of tile i; c2, c3: weight row g + 8. */
+#pragma unroll
+    for (int a = 0; a < (kGateUp ? 1 : kA); a++)
+#pragma unroll
+        for (int i = 0; i < kMT; i++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int col = col0 + 16 * a + g + (c >= 2 ? 8 : 0), row = r_beg + 8 * i + 2 * t + (c & 1);
+                if (row >= cnt) continue;
+                const size_t p = (size_t)(off + row) * n_out + col;
+                if constexpr (kGateUp) {
+                    const float gt = acc[0][i][c];
+                    ((bf16 *)out)[p] = __float2bfloat16_rn(gt / (1.0f + expf(-gt)) * acc[1][i][c]);
+                } else ((float *)out)[p] = acc[a][i][c];
+            }
+}
+
+/* Grid (ceil(n_out / (16 (gate/up) or 16 kA (down) x kBWarps / kSplit)), slots (+ 1 with the shared
+ * expert ws)): block (x, j) runs slot j's expert, warp w its column group w / kSplit over part w % kSplit
+ * of K, the expert's rows 8 kMT at a time (the weights read again for each 8 kMT past the first: an
+ * expert with more rows than the batch's kMT was chosen for). A column group past n_out (a partial
+ * last block) reads the last one and writes nothing, so that every warp reaches the K split's barriers.
+ * kGateUp: w [E, 2 n_out, n_in], ws [2 n_out, n_in]; else [E, n_out, n_in], [n_out, n_in]. */
+template <bool kGateUp, int kA, int kMT, int kU, int kSplit>
+__global__ void __launch_bounds__(32 * kBWarps, 4) moe_bf16_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
+                                                                 const int32_t *__restrict__ counts, const int32_t *__restrict__ offs, int E,
+                                                                 int R, const bf16 *__restrict__ w, const bf16 *__restrict__ ws, int n_in,
+                                                                 int n_out, void *out) {
+    constexpr int kCols = 16 * (kGateUp ? 1 : kA);
+    __shared__ float red[kSplit > 1 ? kBWarps * kA * kMT * 4 * 32 : 1];
+    kdt_pdl_begin();
+    const int warp = threadIdx.x / 32, ks = warp % kSplit;
+    int col0 = (blockIdx.x * (kBWarps / kSplit) + warp / kSplit) * kCols;
+    const bool live = col0 < n_out;
+    if (kSplit == 1 && !live) return;
+    col0 = live ? col0 : n_out - kCols;
+    const bool shared = ws && blockIdx.y == gridDim.y - 1;
+    int cnt = R, off = R * topk;
+    const bf16 *we = ws;
+    if (!shared) {
+        const int e = slot_expert(counts, E, blockIdx.y, &cnt);
+        if (e < 0) return;
+        off = offs[e];
+        we = w + (size_t)e * (kGateUp ? 2 : 1) * n_out * n_in;
+    }
+    for (int r = 0; r < cnt; r += 8 * kMT)
+        expert_pass<kGateUp, kA, kMT, kU, kSplit>(in, perm, topk, shared, we, off, r, cnt, n_in, n_out, col0, live, ks, red, out);
+}
+
+/* A product's shape: tiles a warp (kA), ring depth (kU), K split (kSplit); fixed by the sizes alone, never
+ * by the rows, so that a row's bits are the same in every batch. kMT: 8-row tiles a pass. */
+template <int kA, int kU, int kSplit> struct Cfg {};
+
+template <int kMT, int kUG, int kSG, int kAD, int kUD, int kSD>
+kdt_status launch(Cfg<2, kUG, kSG>, Cfg<kAD, kUD, kSD>, int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts,
+                  const int32_t *offs, const bf16 *w_gu, const bf16 *w_dn, const bf16 *sh_gu, const bf16 *sh_dn, int32_t E, int32_t hid,
+                  int32_t I, bf16 *act, float *ye, cudaStream_t s) {
+    const unsigned slots = (unsigned)(R * K < E ? R * K : E) + (sh_gu ? 1u : 0u);
+    const int gu_cols = 16 * kBWarps / kSG, dn_cols = 16 * kAD * kBWarps / kSD;
+    KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<true, 2, kMT, kUG, kSG>, dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots),
+                                  dim3(32 * kBWarps), 0, s, x, perm, (int)K, counts, offs, (int)E, (int)R, w_gu, sh_gu, (int)hid, (int)I,
+                                  (void *)act));
+    KDT_CUDA_CHECK_LAUNCH("moe_bf16 gate_up");
+    KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<false, kAD, kMT, kUD, kSD>, dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots),
+                                  dim3(32 * kBWarps), 0, s, (const bf16 *)act, perm, (int)K, counts, offs, (int)E, (int)R, w_dn, sh_dn,
+                                  (int)I, (int)hid, (void *)ye));
+    KDT_CUDA_CHECK_LAUNCH("moe_bf16 down");
+    return KDT_OK;
+}
+
+/* The library's shapes (docs/perf/model.md: the dev bench's variants): gate/up 2 tiles (gate, up), ring 3,
+ * no K split; down 2 tiles, ring 3, no K split. */
+typedef Cfg<2, 3, 1> CfgGateUp;
+typedef Cfg<2, 3, 1> CfgDown;
+
+/* kdt_moe_bf16 on shapes gu, dn: 8 or 16 rows a pass (no R-dependent bits: kMT changes which rows share an mma). */
+template <class GU, class DN>
+kdt_status moe_bf16(GU gu, DN dn, int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                    const void *w_gate_up, const void *w_down, const void *shared_gate_up, const void *shared_down, int32_t E,
+                    int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
+    const bf16 *xb = (const bf16 *)x, *wg = (const bf16 *)w_gate_up, *wd = (const bf16 *)w_down;
+    const bf16 *sg = (const bf16 *)shared_gate_up, *sd = (const bf16 *)shared_down;
+    if (R <= 8) return launch<1>(gu, dn, R, xb, perm, K, counts, offs, wg, wd, sg, sd, E, hid, I, (bf16 *)act, ye, s);
+    return launch<2>(gu, dn, R, xb, perm, K, counts, offs, wg, wd, sg, sd, E, hid, I, (bf16 *)act, ye, s);
+}
+
+} // namespace
+
+extern "C" int kdt_moe_bf16_fits(int32_t hid, int32_t I) { return hid > 0 && I > 0 && hid % 32 == 0 && I % 32 == 0; }
+
+extern "C" kdt_status kdt_moe_bf16(int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                                   const void *w_gate_up, const void *w_down, const void *shared_gate_up, const void *shared_down, int32_t E,
+                                   int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
+    if (!kdt_moe_bf16_fits(hid, I))
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: bf16 grouped experts need hidden and intermediate sizes that are multiples of 32: "
+                        "hidden %d, intermediate %d", hid, I);
+    if (R < 1 || K < 1) return KDT_OK;
+    if (R > INT32_MAX / (K + 1)) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: bf16 grouped experts of %lld rows", (long long)R);
+    if (!shared_gate_up != !shared_down) return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: shared expert's gate/up without its down, or back");
+    return moe_bf16(CfgGateUp{}, CfgDown{}, R, x, perm, K, counts, offs, w_gate_up, w_down, shared_gate_up, shared_down, E, hid, I, act,
+                    ye, s);
+}
