@@ -1,15 +1,16 @@
 /* The routed experts of one MoE layer on bf16 weights at decode and verify sizes: the library's
  * grouped tensor-core kernels (kdt_moe_bf16, src/model/cuda/moe_bf16.cu, compiled into this file so
- * that other shapes can be launched: "gu A/U/S dn A/U/S", tiles a warp, ring depth and K split of
- * gate/up and of down) beside moe.cu's CUDA-core
- * kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert sized on the host (what the forward runs
- * above MOE_LARGE_ROWS_PER_EXPERT without the grouped kernels; the gather and SiLU . mul launches
- * between them are left out, as is the host wait for the counts), at the bench models' layout:
- * 16 experts of 7168 x 2048, top 8. Shapes: decode (1 row, 8 experts), 1, 4, 8, 16 rows on each
- * of the 16 experts (R = 2, 8, 16, 32, each row's 8 experts consecutive), and a verify tree's 17 rows
- * routed uniformly at random. Per variant the time of both products (CUDA events, median of --reps
- * after 2 warm-ups), the active experts' weight bytes over it, against the device-copy ceiling
- * measured in the same run; and ye against the grouped kernels' (max |d| over max |ye|).
+ * that other shapes of each product can be launched: "gate/up A/U/S", "down A/U/S": tiles a warp, ring
+ * depth, K split) beside moe.cu's CUDA-core kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert
+ * sized on the host (what the forward runs above MOE_LARGE_ROWS_PER_EXPERT without the grouped
+ * kernels; the gather and SiLU . mul launches between them are left out, as is the host wait for the
+ * counts), at the bench models' layout: 16 experts of 7168 x 2048, top 8. Shapes: decode (1 row, 8
+ * experts), 1, 4, 8, 16 rows on each of the 16 experts (R = 2, 8, 16, 32, each row's 8 experts
+ * consecutive), and a verify tree's 17 rows routed uniformly at random. Per variant the time of
+ * gate/up, of down and of both (CUDA events, median of --reps after 2 warm-ups; moe_small's two
+ * launches are one call, so its split is not seen), the weight bytes read (active experts) over the
+ * time, against the device-copy ceiling measured in the same run; and its output (act or ye) against
+ * the library's (max |d| over max |ref|: 0 is the same bits).
  *
  *   make BUILD=build build/dev/moe_bf16_bench   (sm_90a; links build/libkdt.a)
  *   build/dev/moe_bf16_bench [--out FILE] [--reps 20] */
@@ -71,23 +72,36 @@ struct Bufs {
     cublasHandle_t h;
 };
 
-void run_grouped(const Bufs &b, const Plan &P, int R, cudaStream_t s) {
-    KCK(kdt_moe_bf16(R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, b.dn, nullptr, nullptr, kE, kHid, kInter, b.act, b.ye, s));
+/* A variant: gate/up then down, the event mid between them (none: one call). */
+typedef void (*Variant)(const Bufs &, const Plan &, int, cudaStream_t, cudaEvent_t mid);
+
+void run_lib(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
+    KCK(product<true>(CfgGateUp{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, nullptr, kE, kHid, kInter, b.act, s));
+    CK(cudaEventRecord(mid, s));
+    KCK(product<false>(CfgDown{}, R, b.act, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.dn, nullptr, kE, kInter, kHid, b.ye, s));
 }
-template <class GU, class DN>
-void run_shape(const Bufs &b, const Plan &P, int R, cudaStream_t s) {
-    KCK(moe_bf16(GU{}, DN{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, b.dn, nullptr, nullptr, kE, kHid, kInter, b.act, b.ye, s));
+template <class C>
+void run_gu(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
+    KCK(product<true>(C{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, nullptr, kE, kHid, kInter, b.act, s));
+    CK(cudaEventRecord(mid, s));
 }
-void run_small(const Bufs &b, const Plan &P, int R, cudaStream_t s) {
+template <class C>
+void run_dn(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
+    CK(cudaEventRecord(mid, s));
+    KCK(product<false>(C{}, R, b.act, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.dn, nullptr, kE, kInter, kHid, b.ye, s));
+}
+void run_small(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
+    CK(cudaEventRecord(mid, s));
     KCK(kdt_mk_moe_small(R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, b.dn, nullptr, nullptr, kE, kHid, kInter, b.act, b.ye, KDT_BF16, s));
 }
-/* Per expert: gate/up [c, 2I] f32 = xe . gu_e^T, down ye [c, hid] = act . dn_e^T (act as the grouped kernels left it). */
-void run_cublas(const Bufs &b, const Plan &P, int, cudaStream_t) {
+/* Per expert: gate/up [c, 2I] f32 = xe . gu_e^T, down ye [c, hid] = act . dn_e^T. */
+void run_cublas(const Bufs &b, const Plan &P, int, cudaStream_t s, cudaEvent_t mid) {
     for (int e = 0; e < kE; e++)
         if (P.counts[e])
             KCK(kdt_lin_gemm(b.h, P.counts[e], 2 * kInter, kHid, b.gu + (size_t)e * 2 * kInter * kHid, CUDA_R_16BF, kHid,
                              b.xe + (size_t)P.offs[e] * kHid, CUDA_R_16BF, kHid, b.gu_out + (size_t)P.offs[e] * 2 * kInter, CUDA_R_32F,
                              2 * kInter, 0.f));
+    CK(cudaEventRecord(mid, s));
     for (int e = 0; e < kE; e++)
         if (P.counts[e])
             KCK(kdt_lin_gemm(b.h, P.counts[e], kHid, kInter, b.dn + (size_t)e * kHid * kInter, CUDA_R_16BF, kInter,
@@ -95,34 +109,39 @@ void run_cublas(const Bufs &b, const Plan &P, int, cudaStream_t) {
                              0.f));
 }
 
-typedef void (*Variant)(const Bufs &, const Plan &, int, cudaStream_t);
-
-/* The median time of v in us; ye left as v's last run wrote it. */
-double time_variant(Variant v, const Bufs &b, const Plan &P, int R, cudaStream_t s) {
-    cudaEvent_t e0, e1;
+/* Median times (us) of v: gate/up, down, both; act and ye left as v's last run wrote them. */
+void time_variant(Variant v, const Bufs &b, const Plan &P, int R, cudaStream_t s, double us[3]) {
+    cudaEvent_t e0, e1, e2;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    float t[256];
+    CK(cudaEventCreate(&e2));
+    float t[3][256];
     const int n = g_reps < 256 ? g_reps : 256;
     for (int i = -2; i < n; i++) {
         CK(cudaEventRecord(e0, s));
-        v(b, P, R, s);
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        if (i >= 0) CK(cudaEventElapsedTime(&t[i], e0, e1));
+        v(b, P, R, s, e1);
+        CK(cudaEventRecord(e2, s));
+        CK(cudaEventSynchronize(e2));
+        if (i < 0) continue;
+        CK(cudaEventElapsedTime(&t[0][i], e0, e1));
+        CK(cudaEventElapsedTime(&t[1][i], e1, e2));
+        CK(cudaEventElapsedTime(&t[2][i], e0, e2));
     }
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return bench_median(t, n) * 1e3;
+    for (int k = 0; k < 3; k++) us[k] = bench_median(t[k], n) * 1e3;
+    for (cudaEvent_t e : {e0, e1, e2}) CK(cudaEventDestroy(e));
 }
 
-/* max |a - b| over max |b| of n floats on the device. */
-double rel_diff(const float *a, const float *b, size_t n) {
-    float *ha = (float *)malloc(n * 4), *hb = (float *)malloc(n * 4);
-    CK(cudaMemcpy(ha, a, n * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hb, b, n * 4, cudaMemcpyDeviceToHost));
+/* max |a - b| over max |b| of n values (f32 or bf16) on the device. */
+template <typename T>
+double rel_diff(const T *a, const T *b, size_t n) {
+    T *ha = (T *)malloc(n * sizeof(T)), *hb = (T *)malloc(n * sizeof(T));
+    CK(cudaMemcpy(ha, a, n * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb, b, n * sizeof(T), cudaMemcpyDeviceToHost));
     double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)ha[i] - hb[i])), m = fmax(m, fabs((double)hb[i]));
+    for (size_t i = 0; i < n; i++) {
+        const double x = (float)ha[i], y = (float)hb[i];
+        d = fmax(d, fabs(x - y)), m = fmax(m, fabs(y));
+    }
     free(ha), free(hb);
     return m > 0 ? d / m : d;
 }
@@ -147,8 +166,8 @@ int main(int argc, char **argv) {
                         argv);
     const double copy_bw = bench_copy_bw();
     bench_emit(g_out, "- copy ceiling (1 GiB device to device, read + written bytes): %.0f GB/s\n\n", copy_bw / 1e9);
-    bench_emit(g_out, "| shape | R | rows/expert | variant | us | experts | GB | GB/s | of copy | ye vs grouped |\n"
-                      "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    bench_emit(g_out, "| shape | R | rows/expert | variant | gate/up us | down us | us | experts | GB | GB/s | of copy | vs library |\n"
+                      "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     Bufs b;
     const size_t gu_n = (size_t)kE * 2 * kInter * kHid, dn_n = (size_t)kE * kHid * kInter, places = (size_t)kMaxR * kTopk;
     CK(cudaMalloc(&b.gu, gu_n * 2));
@@ -158,8 +177,10 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&b.act, places * kInter * 2));
     CK(cudaMalloc(&b.gu_out, places * 2 * kInter * 4));
     float *ye_ref;
+    bf16 *act_ref;
     CK(cudaMalloc(&b.ye, places * kHid * 4));
     CK(cudaMalloc(&ye_ref, places * kHid * 4));
+    CK(cudaMalloc(&act_ref, places * kInter * 2));
     KCK(kdt_cuda_fill_uniform(b.gu, KDT_BF16, gu_n, 11, 0.f, 1.f / sqrtf((float)kHid)));
     KCK(kdt_cuda_fill_uniform(b.dn, KDT_BF16, dn_n, 23, 0.f, 1.f / sqrtf((float)kInter)));
     KCK(kdt_cuda_fill_uniform(b.x, KDT_BF16, (size_t)kMaxR * kHid, 5, 0.f, 1.f));
@@ -171,29 +192,47 @@ int main(int argc, char **argv) {
     CK(cublasSetStream(b.h, s) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
 
     const Shape shapes[] = {{"decode", 1, false}, {"even", 2, true}, {"even", 8, true}, {"even", 16, true}, {"verify", 17, false}, {"even", 32, true}};
+    /* part: 0 both products, 1 gate/up alone, 2 down alone (on the library's act) */
     const struct {
         const char *name;
         Variant v;
-    } variants[] = {{"grouped", run_grouped},
-                    {"moe_small", run_small},
-                    {"cublas", run_cublas},
-                    {"gu 2/2/1 dn 2/2/1", run_shape<Cfg<2, 2, 1>, Cfg<2, 2, 1>>},
-                    {"gu 2/3/2 dn 2/3/2", run_shape<Cfg<2, 3, 2>, Cfg<2, 3, 2>>},
-                    {"gu 2/3/4 dn 1/3/1", run_shape<Cfg<2, 3, 4>, Cfg<1, 3, 1>>},
-                    {"gu 2/4/1 dn 1/4/1", run_shape<Cfg<2, 4, 1>, Cfg<1, 4, 1>>},
-                    {"gu 2/2/2 dn 1/4/2", run_shape<Cfg<2, 2, 2>, Cfg<1, 4, 2>>}};
-    const double expert_bytes = 3.0 * kHid * kInter * 2;
+        int part;
+    } variants[] = {{"library", run_lib, 0},
+                    {"moe_small", run_small, 0},
+                    {"cublas", run_cublas, 0},
+                    {"gate/up 2/2/1", run_gu<Cfg<2, 2, 1>>, 1},
+                    {"gate/up 2/4/1", run_gu<Cfg<2, 4, 1>>, 1},
+                    {"gate/up 2/2/2", run_gu<Cfg<2, 2, 2>>, 1},
+                    {"gate/up 2/3/2", run_gu<Cfg<2, 3, 2>>, 1},
+                    {"gate/up 2/3/4", run_gu<Cfg<2, 3, 4>>, 1},
+                    {"down 2/2/1", run_dn<Cfg<2, 2, 1>>, 2},
+                    {"down 1/3/1", run_dn<Cfg<1, 3, 1>>, 2},
+                    {"down 1/4/1", run_dn<Cfg<1, 4, 1>>, 2},
+                    {"down 2/3/2", run_dn<Cfg<2, 3, 2>>, 2},
+                    {"down 1/4/2", run_dn<Cfg<1, 4, 2>>, 2},
+                    {"down 1/3/4", run_dn<Cfg<1, 3, 4>>, 2}};
+    const double gu_bytes = 2.0 * kHid * kInter * 2, dn_bytes = 1.0 * kHid * kInter * 2;
     for (const Shape &sh : shapes) {
         const Plan P = make_plan(sh, 0x5eed + sh.R);
-        const size_t ye_n = (size_t)sh.R * kTopk * kHid;
+        const size_t act_n = (size_t)sh.R * kTopk * kInter, ye_n = (size_t)sh.R * kTopk * kHid;
         for (const auto &v : variants) {
-            const double us = time_variant(v.v, b, P, sh.R, s);
-            if (v.v == run_grouped) CK(cudaMemcpy(ye_ref, b.ye, ye_n * 4, cudaMemcpyDeviceToDevice));
-            const double bytes = P.active * expert_bytes, gbs = bytes / (us * 1e-6) / 1e9;
-            char d[32] = "-";
-            if (v.v != run_grouped && v.v != run_cublas) snprintf(d, sizeof d, "%.1e", rel_diff(b.ye, ye_ref, ye_n));
-            bench_emit(g_out, "| %s | %d | %.1f | %s | %.1f | %d | %.3f | %.0f | %.0f%% | %s |\n", sh.name, sh.R, (double)sh.R * kTopk / kE, v.name,
-                       us, P.active, bytes / 1e9, gbs, 100 * gbs * 1e9 / copy_bw, d);
+            if (v.part == 2) CK(cudaMemcpy(b.act, act_ref, act_n * 2, cudaMemcpyDeviceToDevice));
+            double us[3];
+            time_variant(v.v, b, P, sh.R, s, us);
+            if (v.v == run_lib) {
+                CK(cudaMemcpy(act_ref, b.act, act_n * 2, cudaMemcpyDeviceToDevice));
+                CK(cudaMemcpy(ye_ref, b.ye, ye_n * 4, cudaMemcpyDeviceToDevice));
+            }
+            const double bytes = P.active * (v.part == 1 ? gu_bytes : v.part == 2 ? dn_bytes : gu_bytes + dn_bytes);
+            const double t = us[v.part == 1 ? 0 : v.part == 2 ? 1 : 2], gbs = bytes / (t * 1e-6) / 1e9;
+            char d[32] = "-", tg[32] = "-", td[32] = "-";
+            if (v.v == run_small) snprintf(d, sizeof d, "ye %.1e", rel_diff(b.ye, ye_ref, ye_n));
+            else if (v.part == 1) snprintf(d, sizeof d, "act %.1e", rel_diff(b.act, act_ref, act_n));
+            else if (v.part == 2) snprintf(d, sizeof d, "ye %.1e", rel_diff(b.ye, ye_ref, ye_n));
+            if (v.part != 2 && v.v != run_small) snprintf(tg, sizeof tg, "%.1f", us[0]);
+            if (v.part != 1 && v.v != run_small) snprintf(td, sizeof td, "%.1f", us[1]);
+            bench_emit(g_out, "| %s | %d | %.1f | %s | %s | %s | %.1f | %d | %.3f | %.0f | %.0f%% | %s |\n", sh.name, sh.R,
+                       (double)sh.R * kTopk / kE, v.name, tg, td, t, P.active, bytes / 1e9, gbs, 100 * gbs * 1e9 / copy_bw, d);
         }
         CK(cudaFree(P.d));
     }

@@ -185,20 +185,22 @@ __global__ void __launch_bounds__(32 * kBWarps, 4) moe_bf16_kernel(const bf16 *_
  * by the rows, so that a row's bits are the same in every batch. kMT: 8-row tiles a pass. */
 template <int kA, int kU, int kSplit> struct Cfg {};
 
-template <int kMT, int kUG, int kSG, int kAD, int kUD, int kSD>
-kdt_status launch(Cfg<2, kUG, kSG>, Cfg<kAD, kUD, kSD>, int64_t R, const bf16 *x, const int32_t *perm, int32_t K, const int32_t *counts,
-                  const int32_t *offs, const bf16 *w_gu, const bf16 *w_dn, const bf16 *sh_gu, const bf16 *sh_dn, int32_t E, int32_t hid,
-                  int32_t I, bf16 *act, float *ye, cudaStream_t s) {
-    const unsigned slots = (unsigned)(R * K < E ? R * K : E) + (sh_gu ? 1u : 0u);
-    const int gu_cols = 16 * kBWarps / kSG, dn_cols = 16 * kAD * kBWarps / kSD;
-    KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<true, 2, kMT, kUG, kSG>, dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots),
-                                  dim3(32 * kBWarps), 0, s, x, perm, (int)K, counts, offs, (int)E, (int)R, w_gu, sh_gu, (int)hid, (int)I,
-                                  (void *)act));
-    KDT_CUDA_CHECK_LAUNCH("moe_bf16 gate_up");
-    KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<false, kAD, kMT, kUD, kSD>, dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots),
-                                  dim3(32 * kBWarps), 0, s, (const bf16 *)act, perm, (int)K, counts, offs, (int)E, (int)R, w_dn, sh_dn,
-                                  (int)I, (int)hid, (void *)ye));
-    KDT_CUDA_CHECK_LAUNCH("moe_bf16 down");
+/* One product over the slots: gate/up (in x [R, n_in], w [E, 2 n_out, n_in], out act) or down (in act, w
+ * [E, n_out, n_in], out ye); ws: the shared expert's matrix (NULL: none). 8 or 16 rows a pass (kMT changes
+ * which rows share an mma, not a row's bits). */
+template <bool kGateUp, int kA, int kU, int kSplit>
+kdt_status product(Cfg<kA, kU, kSplit>, int64_t R, const bf16 *in, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+                   const bf16 *w, const bf16 *ws, int32_t E, int32_t n_in, int32_t n_out, void *out, cudaStream_t s) {
+    const unsigned slots = (unsigned)(R * K < E ? R * K : E) + (ws ? 1u : 0u);
+    const int cols = 16 * (kGateUp ? 1 : kA) * kBWarps / kSplit;
+    const dim3 grid((unsigned)((n_out + cols - 1) / cols), slots);
+    if (R <= 8)
+        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA, 1, kU, kSplit>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts, offs,
+                                      (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
+    else
+        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA, 2, kU, kSplit>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts, offs,
+                                      (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
+    KDT_CUDA_CHECK_LAUNCH(kGateUp ? "moe_bf16 gate_up" : "moe_bf16 down");
     return KDT_OK;
 }
 
@@ -206,17 +208,6 @@ kdt_status launch(Cfg<2, kUG, kSG>, Cfg<kAD, kUD, kSD>, int64_t R, const bf16 *x
  * no K split; down 2 tiles, ring 3, no K split. */
 typedef Cfg<2, 3, 1> CfgGateUp;
 typedef Cfg<2, 3, 1> CfgDown;
-
-/* kdt_moe_bf16 on shapes gu, dn: 8 or 16 rows a pass (no R-dependent bits: kMT changes which rows share an mma). */
-template <class GU, class DN>
-kdt_status moe_bf16(GU gu, DN dn, int64_t R, const void *x, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
-                    const void *w_gate_up, const void *w_down, const void *shared_gate_up, const void *shared_down, int32_t E,
-                    int32_t hid, int32_t I, void *act, float *ye, cudaStream_t s) {
-    const bf16 *xb = (const bf16 *)x, *wg = (const bf16 *)w_gate_up, *wd = (const bf16 *)w_down;
-    const bf16 *sg = (const bf16 *)shared_gate_up, *sd = (const bf16 *)shared_down;
-    if (R <= 8) return launch<1>(gu, dn, R, xb, perm, K, counts, offs, wg, wd, sg, sd, E, hid, I, (bf16 *)act, ye, s);
-    return launch<2>(gu, dn, R, xb, perm, K, counts, offs, wg, wd, sg, sd, E, hid, I, (bf16 *)act, ye, s);
-}
 
 } // namespace
 
@@ -231,6 +222,7 @@ extern "C" kdt_status kdt_moe_bf16(int64_t R, const void *x, const int32_t *perm
     if (R < 1 || K < 1) return KDT_OK;
     if (R > INT32_MAX / (K + 1)) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: bf16 grouped experts of %lld rows", (long long)R);
     if (!shared_gate_up != !shared_down) return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: shared expert's gate/up without its down, or back");
-    return moe_bf16(CfgGateUp{}, CfgDown{}, R, x, perm, K, counts, offs, w_gate_up, w_down, shared_gate_up, shared_down, E, hid, I, act,
-                    ye, s);
+    const bf16 *sg = (const bf16 *)shared_gate_up, *sd = (const bf16 *)shared_down;
+    KDT_TRY(product<true>(CfgGateUp{}, R, (const bf16 *)x, perm, K, counts, offs, (const bf16 *)w_gate_up, sg, E, hid, I, act, s));
+    return product<false>(CfgDown{}, R, (const bf16 *)act, perm, K, counts, offs, (const bf16 *)w_down, sd, E, I, hid, ye, s);
 }
