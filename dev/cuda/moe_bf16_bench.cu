@@ -1,7 +1,7 @@
 /* The routed experts of one MoE layer on bf16 weights at decode and verify sizes: the library's
  * grouped tensor-core kernels (kdt_moe_bf16, src/model/cuda/moe_bf16.cu, compiled into this file so
- * that other shapes of each product can be launched: "gate/up A/U/S", "down A/U/S": tiles a warp, ring
- * depth, K split) beside moe.cu's CUDA-core kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert
+ * that other shapes of each product can be launched: "gate/up A/U/S/P", "down A/U/S/P": tiles a warp,
+ * ring depth, K split, L2 prefetch bytes; the library's, "library", is 2/3/1/256 for both) beside moe.cu's CUDA-core kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert
  * sized on the host (what the forward runs above MOE_LARGE_ROWS_PER_EXPERT without the grouped
  * kernels; the gather and SiLU . mul launches between them are left out, as is the host wait for the
  * counts), at the bench models' layout: 16 experts of 7168 x 2048, top 8. Shapes: decode (1 row, 8
@@ -200,17 +200,20 @@ int main(int argc, char **argv) {
     } variants[] = {{"library", run_lib, 0},
                     {"moe_small", run_small, 0},
                     {"cublas", run_cublas, 0},
-                    {"gate/up 2/2/1", run_gu<Cfg<2, 2, 1>>, 1},
-                    {"gate/up 2/4/1", run_gu<Cfg<2, 4, 1>>, 1},
-                    {"gate/up 2/2/2", run_gu<Cfg<2, 2, 2>>, 1},
-                    {"gate/up 2/3/2", run_gu<Cfg<2, 3, 2>>, 1},
-                    {"gate/up 2/3/4", run_gu<Cfg<2, 3, 4>>, 1},
-                    {"down 2/2/1", run_dn<Cfg<2, 2, 1>>, 2},
-                    {"down 1/3/1", run_dn<Cfg<1, 3, 1>>, 2},
-                    {"down 1/4/1", run_dn<Cfg<1, 4, 1>>, 2},
-                    {"down 2/3/2", run_dn<Cfg<2, 3, 2>>, 2},
-                    {"down 1/4/2", run_dn<Cfg<1, 4, 2>>, 2},
-                    {"down 1/3/4", run_dn<Cfg<1, 3, 4>>, 2}};
+                    {"gate/up 2/2/1/256", run_gu<Cfg<2, 2, 1>>, 1},
+                    {"gate/up 2/4/1/256", run_gu<Cfg<2, 4, 1>>, 1},
+                    {"gate/up 2/3/1/0", run_gu<Cfg<2, 3, 1, 0>>, 1},
+                    {"gate/up 2/3/1/128", run_gu<Cfg<2, 3, 1, 128>>, 1},
+                    {"gate/up 2/2/2/256", run_gu<Cfg<2, 2, 2>>, 1},
+                    {"gate/up 2/3/2/256", run_gu<Cfg<2, 3, 2>>, 1},
+                    {"gate/up 2/3/4/256", run_gu<Cfg<2, 3, 4>>, 1},
+                    {"down 2/2/1/256", run_dn<Cfg<2, 2, 1>>, 2},
+                    {"down 2/3/1/0", run_dn<Cfg<2, 3, 1, 0>>, 2},
+                    {"down 1/3/1/256", run_dn<Cfg<1, 3, 1>>, 2},
+                    {"down 1/4/1/256", run_dn<Cfg<1, 4, 1>>, 2},
+                    {"down 2/3/2/256", run_dn<Cfg<2, 3, 2>>, 2},
+                    {"down 1/4/2/256", run_dn<Cfg<1, 4, 2>>, 2},
+                    {"down 1/3/4/256", run_dn<Cfg<1, 3, 4>>, 2}};
     const double gu_bytes = 2.0 * kHid * kInter * 2, dn_bytes = 1.0 * kHid * kInter * 2;
     for (const Shape &sh : shapes) {
         const Plan P = make_plan(sh, 0x5eed + sh.R);

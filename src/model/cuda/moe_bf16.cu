@@ -25,13 +25,18 @@ typedef __nv_bfloat16 bf16;
 constexpr int kBWarps = 4;  /* a block: 4 warps; 4 blocks an SM at <= 128 registers a thread */
 constexpr int kBStep = 32;  /* k per step: a quad's 4 lanes x 8 values of a row */
 
-/* 16 bytes of streamed weights: not kept in L1, and the L2 asked for the row's next 256 bytes at once
- * (the steps after this one), so that more of a warp's bytes are on their way than its registers hold. */
+/* 16 bytes of streamed weights, not kept in L1; kPf (0, 128 or 256): the L2 asked for that many bytes of
+ * the row at once (this step's and the next ones'), so that more of a warp's bytes are on their way than
+ * its registers hold. */
+template <int kPf>
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    if constexpr (kPf == 256)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else if constexpr (kPf == 128)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
 
@@ -67,7 +72,7 @@ template <int kA, int kMT> struct Stage {
  * 8 kMT - 1 (those below cnt) at places off + row. kGateUp: we [2 n_out, n_in], x row perm[place] / topk
  * (the shared expert: row itself), out act [*, n_out] bf16; else we [n_out, n_in], in = act, out ye
  * [*, n_out] f32. */
-template <bool kGateUp, int kA, int kMT, int kU, int kSplit>
+template <bool kGateUp, int kA, int kMT, int kU, int kSplit, int kPf>
 __device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, bool shared,
                                             const bf16 *__restrict__ we, int off, int r_beg, int cnt, int n_in, int n_out, int col0,
                                             bool live, int ks, float *red, void *out) {
@@ -90,7 +95,7 @@ __device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const i
     auto load = [&](Stage<kA, kMT> &st, int s) {
         if (s >= s_end) return;
 #pragma unroll
-        for (int a = 0; a < kA; a++) st.w[a][0] = ld_stream(wr[a][0] + 4 * s), st.w[a][1] = ld_stream(wr[a][1] + 4 * s);
+        for (int a = 0; a < kA; a++) st.w[a][0] = ld_stream<kPf>(wr[a][0] + 4 * s), st.w[a][1] = ld_stream<kPf>(wr[a][1] + 4 * s);
 #pragma unroll
         for (int i = 0; i < kMT; i++) st.x[i] = xr[i] ? __ldg(xr[i] + 4 * s) : make_uint4(0, 0, 0, 0);
     };
@@ -155,7 +160,7 @@ __device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const i
  * expert with more rows than the batch's kMT was chosen for). A column group past n_out (a partial
  * last block) reads the last one and writes nothing, so that every warp reaches the K split's barriers.
  * kGateUp: w [E, 2 n_out, n_in], ws [2 n_out, n_in]; else [E, n_out, n_in], [n_out, n_in]. */
-template <bool kGateUp, int kA, int kMT, int kU, int kSplit>
+template <bool kGateUp, int kA, int kMT, int kU, int kSplit, int kPf>
 __global__ void __launch_bounds__(32 * kBWarps, 4) moe_bf16_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
                                                                  const int32_t *__restrict__ counts, const int32_t *__restrict__ offs, int E,
                                                                  int R, const bf16 *__restrict__ w, const bf16 *__restrict__ ws, int n_in,
@@ -178,34 +183,34 @@ __global__ void __launch_bounds__(32 * kBWarps, 4) moe_bf16_kernel(const bf16 *_
         we = w + (size_t)e * (kGateUp ? 2 : 1) * n_out * n_in;
     }
     for (int r = 0; r < cnt; r += 8 * kMT)
-        expert_pass<kGateUp, kA, kMT, kU, kSplit>(in, perm, topk, shared, we, off, r, cnt, n_in, n_out, col0, live, ks, red, out);
+        expert_pass<kGateUp, kA, kMT, kU, kSplit, kPf>(in, perm, topk, shared, we, off, r, cnt, n_in, n_out, col0, live, ks, red, out);
 }
 
-/* A product's shape: tiles a warp (kA), ring depth (kU), K split (kSplit); fixed by the sizes alone, never
- * by the rows, so that a row's bits are the same in every batch. kMT: 8-row tiles a pass. */
-template <int kA, int kU, int kSplit> struct Cfg {};
+/* A product's shape: tiles a warp (kA), ring depth (kU), K split (kSplit), L2 prefetch bytes (kPf); fixed
+ * by the sizes alone, never by the rows, so that a row's bits are the same in every batch. */
+template <int kA, int kU, int kSplit, int kPf = 256> struct Cfg {};
 
 /* One product over the slots: gate/up (in x [R, n_in], w [E, 2 n_out, n_in], out act) or down (in act, w
  * [E, n_out, n_in], out ye); ws: the shared expert's matrix (NULL: none). 8 or 16 rows a pass (kMT changes
  * which rows share an mma, not a row's bits). */
-template <bool kGateUp, int kA, int kU, int kSplit>
-kdt_status product(Cfg<kA, kU, kSplit>, int64_t R, const bf16 *in, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
+template <bool kGateUp, int kA, int kU, int kSplit, int kPf>
+kdt_status product(Cfg<kA, kU, kSplit, kPf>, int64_t R, const bf16 *in, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
                    const bf16 *w, const bf16 *ws, int32_t E, int32_t n_in, int32_t n_out, void *out, cudaStream_t s) {
     const unsigned slots = (unsigned)(R * K < E ? R * K : E) + (ws ? 1u : 0u);
     const int cols = 16 * (kGateUp ? 1 : kA) * kBWarps / kSplit;
     const dim3 grid((unsigned)((n_out + cols - 1) / cols), slots);
     if (R <= 8)
-        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA, 1, kU, kSplit>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts, offs,
+        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA, 1, kU, kSplit, kPf>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts, offs,
                                       (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
     else
-        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA, 2, kU, kSplit>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts, offs,
+        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA, 2, kU, kSplit, kPf>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts, offs,
                                       (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
     KDT_CUDA_CHECK_LAUNCH(kGateUp ? "moe_bf16 gate_up" : "moe_bf16 down");
     return KDT_OK;
 }
 
 /* The library's shapes (docs/perf/model.md: the dev bench's variants): gate/up 2 tiles (gate, up), ring 3,
- * no K split; down 2 tiles, ring 3, no K split. */
+ * no K split, the L2 asked for 256 bytes a load; down the same. */
 typedef Cfg<2, 3, 1> CfgGateUp;
 typedef Cfg<2, 3, 1> CfgDown;
 
