@@ -46,9 +46,11 @@ if [ -n "$base_pid" ]; then wait "$base_pid"; note "build_base: exit $? ($LOGS/b
 # test_moe_bf16: PASS / FAIL counts.
 if [ -x "$T" ]; then
     step test_moe_bf16 30 "$T"
-    rc=$?
-    grep -E '^FAIL ' "$LOGS/test_moe_bf16.log" | head -10
-    note "test_moe_bf16: $([ "$rc" = 0 ] && ! grep -q '^FAIL' "$LOGS/test_moe_bf16.log" && grep -q '^PASS' "$LOGS/test_moe_bf16.log" && echo PASS || echo FAIL) ($(counts "$LOGS/test_moe_bf16.log"), exit $rc)"
+    rc=$? log="$LOGS/test_moe_bf16.log"
+    grep -E '^FAIL ' "$log" | head -10
+    verdict=FAIL
+    [ "$rc" = 0 ] && ! grep -q '^FAIL' "$log" && grep -q '^PASS' "$log" && verdict=PASS
+    note "test_moe_bf16: $verdict ($(counts "$log"), exit $rc)"
 else note "test_moe_bf16: FAIL (not built)"; fi
 
 # One layer's routed experts: grouped vs moe_small vs cuBLAS per expert.

@@ -1,7 +1,8 @@
 /* The routed experts of one MoE layer on bf16 weights at decode and verify sizes: the library's
  * grouped tensor-core kernels (kdt_moe_bf16, src/model/cuda/moe_bf16.cu, compiled into this file so
  * that other shapes of each product can be launched: "gate/up A/U/S/P", "down A/U/S/P": tiles a warp,
- * ring depth, K split, L2 prefetch bytes; the library's, "library", is 2/3/1/256 for both) beside moe.cu's CUDA-core kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert
+ * ring depth, K split, L2 prefetch bytes; the library's, "library", is 2/3/1/256 for both) beside moe.cu's
+ * CUDA-core kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert
  * sized on the host (what the forward runs above MOE_LARGE_ROWS_PER_EXPERT without the grouped
  * kernels; the gather and SiLU . mul launches between them are left out, as is the host wait for the
  * counts), at the bench models' layout: 16 experts of 7168 x 2048, top 8. Shapes: decode (1 row, 8
@@ -191,7 +192,8 @@ int main(int argc, char **argv) {
     CK(cublasCreate(&b.h) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
     CK(cublasSetStream(b.h, s) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
 
-    const Shape shapes[] = {{"decode", 1, false}, {"even", 2, true}, {"even", 8, true}, {"even", 16, true}, {"verify", 17, false}, {"even", 32, true}};
+    const Shape shapes[] = {{"decode", 1, false}, {"even", 2, true},     {"even", 8, true},
+                            {"even", 16, true},   {"verify", 17, false}, {"even", 32, true}};
     /* part: 0 both products, 1 gate/up alone, 2 down alone (on the library's act) */
     const struct {
         const char *name;
