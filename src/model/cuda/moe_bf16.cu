@@ -7,7 +7,7 @@
  * expert order, found on the device from counts [E] (the host never waits, so the launches are
  * captured in graphs); min(E, R K) slots, then the shared expert's. A warp owns 16 output columns
  * a tile, kA tiles (gate/up: the 16 gate rows and the matching 16 up rows, so SiLU . mul pairs
- * registers of one lane; down: 2 adjacent tiles), as the mma's A operand, against 8 kMT of the
+ * registers of one lane; down: 1, or 2 adjacent ones), as the mma's A operand, against 8 kMT of the
  * expert's rows as B, over all of K in 32-k steps: lane (g, t) loads 16 bytes at k 8t of weight rows
  * g and g + 8 of each tile and of x rows g (+ 8 i), and mma.m16n8k16 pairs k 8t .. 8t + 3 then
  * 8t + 4 .. 8t + 7 (any k order serves, the same for A and B). The ring keeps kU steps of weights
@@ -72,12 +72,11 @@ template <int kA, int kMT> struct Stage {
  * 8 kMT - 1 (those below cnt) at places off + row. kGateUp: we [2 n_out, n_in], x row perm[place] / topk
  * (the shared expert: row itself), out act [*, n_out] bf16; else we [n_out, n_in], in = act, out ye
  * [*, n_out] f32. */
-template <bool kGateUp, int kA, int kMT, int kU, int kSplit, int kPf>
+template <bool kGateUp, int kA, int kMT, int kU, int kPf>
 __device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk, bool shared,
                                             const bf16 *__restrict__ we, int off, int r_beg, int cnt, int n_in, int n_out, int col0,
-                                            bool live, int ks, float *red, void *out) {
+                                            void *out) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nsteps = n_in / kBStep;
-    const int s_beg = ks * nsteps / kSplit, s_end = (ks + 1) * nsteps / kSplit;
     const uint4 *wr[kA][2], *xr[kMT];
 #pragma unroll
     for (int a = 0; a < kA; a++)
@@ -93,7 +92,7 @@ __device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const i
         xr[i] = src < 0 ? nullptr : (const uint4 *)(in + (size_t)src * n_in) + t;
     }
     auto load = [&](Stage<kA, kMT> &st, int s) {
-        if (s >= s_end) return;
+        if (s >= nsteps) return;
 #pragma unroll
         for (int a = 0; a < kA; a++) st.w[a][0] = ld_stream<kPf>(wr[a][0] + 4 * s), st.w[a][1] = ld_stream<kPf>(wr[a][1] + 4 * s);
 #pragma unroll
@@ -112,31 +111,15 @@ __device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const i
     };
     Stage<kA, kMT> ring[kU];
 #pragma unroll
-    for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
-    for (int s0 = s_beg; s0 < s_end; s0 += kU) {
+    for (int u = 0; u < kU; u++) load(ring[u], u);
+    for (int s0 = 0; s0 < nsteps; s0 += kU) {
 #pragma unroll
         for (int u = 0; u < kU; u++) {
-            if (s0 + u >= s_end) break;
+            if (s0 + u >= nsteps) break;
             compute(ring[u]);
             load(ring[u], s0 + u + kU);
         }
     }
-    if constexpr (kSplit > 1) { /* red [warp][acc][lane]: parts 1 .. kSplit - 1 added to part 0's in part order */
-        constexpr int kAcc = kA * kMT * 4;
-        float *flat = &acc[0][0][0];
-        const int warp = threadIdx.x / 32;
-        if (ks)
-#pragma unroll
-            for (int v = 0; v < kAcc; v++) red[(warp * kAcc + v) * 32 + lane] = flat[v];
-        __syncthreads();
-        if (!ks)
-            for (int q = 1; q < kSplit; q++)
-#pragma unroll
-                for (int v = 0; v < kAcc; v++) flat[v] += red[((warp + q) * kAcc + v) * 32 + lane];
-        __syncthreads(); /* red free for the next pass */
-        if (ks) return;
-    }
-    if (!live) return;
     /* c0, c1: weight row g, x rows 2t, 2t + 1 of tile i; c2, c3: weight row g + 8. */
 #pragma unroll
     for (int a = 0; a < (kGateUp ? 1 : kA); a++)
@@ -154,25 +137,18 @@ __device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const i
             }
 }
 
-/* Grid (ceil(n_out / (16 (gate/up) or 16 kA (down) x kBWarps / kSplit)), slots (+ 1 with the shared
- * expert ws)): block (x, j) runs slot j's expert, warp w its column group w / kSplit over part w % kSplit
- * of K, the expert's rows 8 kMT at a time (the weights read again for each 8 kMT past the first: an
- * expert with more rows than the batch's kMT was chosen for). A column group past n_out (a partial
- * last block) reads the last one and writes nothing, so that every warp reaches the K split's barriers.
- * kGateUp: w [E, 2 n_out, n_in], ws [2 n_out, n_in]; else [E, n_out, n_in], [n_out, n_in]. */
-template <bool kGateUp, int kA, int kMT, int kU, int kSplit, int kPf>
+/* Grid (ceil(n_out / (16 (gate/up) or 16 kA (down) x kBWarps)), slots (+ 1 with the shared expert ws)):
+ * block (x, j) runs slot j's expert, warp w the block's w-th column group, the expert's rows 8 kMT at a time
+ * (the weights read again for each 8 kMT past the first: an expert with more rows than the batch's kMT
+ * was chosen for). kGateUp: w [E, 2 n_out, n_in], ws [2 n_out, n_in]; else [E, n_out, n_in], [n_out, n_in]. */
+template <bool kGateUp, int kA, int kMT, int kU, int kPf>
 __global__ void __launch_bounds__(32 * kBWarps, 4) moe_bf16_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
                                                                  const int32_t *__restrict__ counts, const int32_t *__restrict__ offs, int E,
                                                                  int R, const bf16 *__restrict__ w, const bf16 *__restrict__ ws, int n_in,
                                                                  int n_out, void *out) {
-    constexpr int kCols = 16 * (kGateUp ? 1 : kA);
-    __shared__ float red[kSplit > 1 ? kBWarps * kA * kMT * 4 * 32 : 1];
     kdt_pdl_begin();
-    const int warp = threadIdx.x / 32, ks = warp % kSplit;
-    int col0 = (blockIdx.x * (kBWarps / kSplit) + warp / kSplit) * kCols;
-    const bool live = col0 < n_out;
-    if (kSplit == 1 && !live) return;
-    col0 = live ? col0 : n_out - kCols;
+    const int col0 = (blockIdx.x * kBWarps + threadIdx.x / 32) * 16 * (kGateUp ? 1 : kA);
+    if (col0 >= n_out) return;
     const bool shared = ws && blockIdx.y == gridDim.y - 1;
     int cnt = R, off = R * topk;
     const bf16 *we = ws;
@@ -183,36 +159,44 @@ __global__ void __launch_bounds__(32 * kBWarps, 4) moe_bf16_kernel(const bf16 *_
         we = w + (size_t)e * (kGateUp ? 2 : 1) * n_out * n_in;
     }
     for (int r = 0; r < cnt; r += 8 * kMT)
-        expert_pass<kGateUp, kA, kMT, kU, kSplit, kPf>(in, perm, topk, shared, we, off, r, cnt, n_in, n_out, col0, live, ks, red, out);
+        expert_pass<kGateUp, kA, kMT, kU, kPf>(in, perm, topk, shared, we, off, r, cnt, n_in, n_out, col0, out);
 }
 
-/* A product's shape: tiles a warp (kA), ring depth (kU), K split (kSplit), L2 prefetch bytes (kPf); fixed
- * by the sizes alone, never by the rows, so that a row's bits are the same in every batch. */
-template <int kA, int kU, int kSplit, int kPf = 256> struct Cfg {};
+/* A product's shape: tiles a warp (kA), ring depth (kU), L2 prefetch bytes (kPf); none changes a row's bits
+ * (each output is one lane's chain over K in k order). */
+template <int kA, int kU, int kPf = 256> struct Cfg {};
 
 /* One product over the slots: gate/up (in x [R, n_in], w [E, 2 n_out, n_in], out act) or down (in act, w
- * [E, n_out, n_in], out ye); ws: the shared expert's matrix (NULL: none). 8 or 16 rows a pass (kMT changes
- * which rows share an mma, not a row's bits). */
-template <bool kGateUp, int kA, int kU, int kSplit, int kPf>
-kdt_status product(Cfg<kA, kU, kSplit, kPf>, int64_t R, const bf16 *in, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs,
-                   const bf16 *w, const bf16 *ws, int32_t E, int32_t n_in, int32_t n_out, void *out, cudaStream_t s) {
+ * [E, n_out, n_in], out ye); ws: the shared expert's matrix (NULL: none). Up to 8 rows an expert (R <= 8)
+ * shape c1, else c2 with 16 rows a pass. */
+template <bool kGateUp, int kA1, int kU1, int kPf1, int kA2, int kU2, int kPf2>
+kdt_status product(Cfg<kA1, kU1, kPf1>, Cfg<kA2, kU2, kPf2>, int64_t R, const bf16 *in, const int32_t *perm, int32_t K, const int32_t *counts,
+                   const int32_t *offs, const bf16 *w, const bf16 *ws, int32_t E, int32_t n_in, int32_t n_out, void *out, cudaStream_t s) {
     const unsigned slots = (unsigned)(R * K < E ? R * K : E) + (ws ? 1u : 0u);
-    const int cols = 16 * (kGateUp ? 1 : kA) * kBWarps / kSplit;
+    const int cols = 16 * kBWarps * (kGateUp ? 1 : R <= 8 ? kA1 : kA2);
     const dim3 grid((unsigned)((n_out + cols - 1) / cols), slots);
     if (R <= 8)
-        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA, 1, kU, kSplit, kPf>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts, offs,
-                                      (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
+        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA1, 1, kU1, kPf1>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts,
+                                      offs, (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
     else
-        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA, 2, kU, kSplit, kPf>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts, offs,
-                                      (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
+        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA2, 2, kU2, kPf2>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts,
+                                      offs, (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
     KDT_CUDA_CHECK_LAUNCH(kGateUp ? "moe_bf16 gate_up" : "moe_bf16 down");
     return KDT_OK;
 }
+template <bool kGateUp, class C>
+kdt_status product(C c, int64_t R, const bf16 *in, const int32_t *perm, int32_t K, const int32_t *counts, const int32_t *offs, const bf16 *w,
+                   const bf16 *ws, int32_t E, int32_t n_in, int32_t n_out, void *out, cudaStream_t s) {
+    return product<kGateUp>(c, c, R, in, perm, K, counts, offs, w, ws, E, n_in, n_out, out, s);
+}
 
-/* The library's shapes (docs/perf/model.md: the dev bench's variants): gate/up 2 tiles (gate, up), ring 3,
- * no K split, the L2 asked for 256 bytes a load; down the same. */
-typedef Cfg<2, 3, 1> CfgGateUp;
-typedef Cfg<2, 3, 1> CfgDown;
+/* The library's shapes (docs/perf/model.md, "Grouped bf16 experts": the dev bench's variants, H200), the L2
+ * asked for 256 bytes a load. gate/up: 2 tiles (gate, up); up to 8 rows a ring of 3 steps, past that of 2
+ * (96 registers: 5 blocks an SM, so that a verify's 16 experts and the shared one are one wave). down: 1
+ * tile, a ring of 3. */
+typedef Cfg<2, 3> GateUp1;
+typedef Cfg<2, 2> GateUp2;
+typedef Cfg<1, 3> Down;
 
 } // namespace
 
@@ -228,6 +212,6 @@ extern "C" kdt_status kdt_moe_bf16(int64_t R, const void *x, const int32_t *perm
     if (R > INT32_MAX / (K + 1)) return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: bf16 grouped experts of %lld rows", (long long)R);
     if (!shared_gate_up != !shared_down) return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: shared expert's gate/up without its down, or back");
     const bf16 *sg = (const bf16 *)shared_gate_up, *sd = (const bf16 *)shared_down;
-    KDT_TRY(product<true>(CfgGateUp{}, R, (const bf16 *)x, perm, K, counts, offs, (const bf16 *)w_gate_up, sg, E, hid, I, act, s));
-    return product<false>(CfgDown{}, R, (const bf16 *)act, perm, K, counts, offs, (const bf16 *)w_down, sd, E, I, hid, ye, s);
+    KDT_TRY(product<true>(GateUp1{}, GateUp2{}, R, (const bf16 *)x, perm, K, counts, offs, (const bf16 *)w_gate_up, sg, E, hid, I, act, s));
+    return product<false>(Down{}, R, (const bf16 *)act, perm, K, counts, offs, (const bf16 *)w_down, sd, E, I, hid, ye, s);
 }
