@@ -59,7 +59,7 @@ else note "test_moe_bf16: FAIL (not built)"; fi
 if [ -x "$DB" ]; then
     step moe_bf16_bench 20 "$DB" --out "$OUT/moe_bf16_bench.md" --reps 20
     while read -r l; do note "moe_bf16_bench $l"; done < <(grep -E '^- copy' "$OUT/moe_bf16_bench.md" 2>/dev/null)
-    awk -F'|' '/^\| (decode|even|verify) \|/ { for (i = 2; i <= 13; i++) gsub(/^ +| +$/, "", $i);
+    awk -F'|' '/^\| (decode|even|verify)[+a-z]* \|/ { for (i = 2; i <= 13; i++) gsub(/^ +| +$/, "", $i);
         printf "%s R=%s (%s rows/expert) %s: %s us (gate/up %s, down %s), %s GB/s, %s of copy, vs library %s\n", $2, $3, $4, $5, $8, $6, $7, $11, $12, $13 }' \
         "$OUT/moe_bf16_bench.md" 2>/dev/null >"$OUT/moe_bf16_bench.txt"
     while read -r l; do note "$l"; done <"$OUT/moe_bf16_bench.txt"

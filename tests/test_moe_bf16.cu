@@ -3,8 +3,8 @@
  * distinct experts each, the grouping (counts, offsets, perm) built here. act = silu(x . gate^T) *
  * (x . up^T) within bf16 rounding (4e-3 relative, plus 1e-5 of the largest |act| where sums cancel);
  * ye = act . down^T on the kernel's own act within 1e-4 of the largest |ye| (f32 sums in another
- * order). Cases: 1 to 64 rows, experts without rows, an expert with more rows than one pass holds,
- * Kimi K2's expert sizes. Outputs are NaN-poisoned before each run; two runs must be bit-identical,
+ * order). Cases: 1 to 64 rows (8, 16, 24 and 32 rows a pass), experts without rows, an expert with
+ * more rows than one pass holds, Kimi K2's expert sizes. Outputs are NaN-poisoned before each run; two runs must be bit-identical,
  * and so must a row's act and ye run alone (R = 1, its own K experts) and inside the batch.
  * Then the forward's dispatch: a random bf16 model whose experts are "large" (37.7 MB, every expert kept,
  * so no router near-tie can flip a choice), with the default flags (the grouped kernels for decode and
@@ -290,8 +290,10 @@ int main() {
     run_case(1, 8, 16, 256, 128, true, 0);
     run_case(3, 4, 12, 512, 96, false, 0);
     run_case(8, 8, 16, 384, 160, true, 8);    /* an expert with all 8 rows */
-    run_case(17, 8, 16, 1024, 256, true, 17); /* a verify tree's rows: 17 rows on expert 0, two passes */
-    run_case(64, 2, 8, 256, 64, false, 40);   /* 40 rows on expert 0: three passes */
+    run_case(12, 4, 10, 256, 96, true, 12);   /* 16 rows a pass */
+    run_case(17, 8, 16, 1024, 256, true, 17); /* a verify tree's rows (24 a pass): 17 rows on expert 0 */
+    run_case(30, 3, 12, 192, 64, true, 30);   /* 32 rows a pass */
+    run_case(64, 2, 8, 256, 64, false, 40);   /* 40 rows on expert 0: two passes of 32 */
     run_case(64, 6, 40, 320, 96, true, 0);
     run_case(2, 2, 4, 7168, 2048, true, 0);   /* Kimi K2's expert sizes */
     forward_case();

@@ -1,13 +1,14 @@
 /* The routed experts of one MoE layer on bf16 weights at decode and verify sizes: the library's
  * grouped tensor-core kernels (kdt_moe_bf16, src/model/cuda/moe_bf16.cu, compiled into this file so
- * that other shapes of each product can be launched: "gate/up A/U/P", "down A/U/P": tiles a warp, ring
- * depth, L2 prefetch bytes; "library": moe_bf16.cu's, GateUp1 / GateUp2 and Down) beside moe.cu's
+ * that other shapes of each product can be launched: "gate/up A/U/P/W", "down A/U/P/W": tiles a warp,
+ * ring depth, L2 prefetch bytes, warps a block; "library": moe_bf16.cu's, GateUp1 / GateUp2 and Down) beside moe.cu's
  * CUDA-core kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert
  * sized on the host (what the forward runs above MOE_LARGE_ROWS_PER_EXPERT without the grouped
  * kernels; the gather and SiLU . mul launches between them are left out, as is the host wait for the
  * counts), at the bench models' layout: 16 experts of 7168 x 2048, top 8. Shapes: decode (1 row, 8
  * experts), 1, 4, 8, 16 rows on each of the 16 experts (R = 2, 8, 16, 32, each row's 8 experts
- * consecutive), and a verify tree's 17 rows routed uniformly at random. Per variant the time of
+ * consecutive), a verify tree's 17 rows routed uniformly at random, and decode and verify with a
+ * shared expert of the same width (the forward's fold: one more slot of R rows). Per variant the time of
  * gate/up, of down and of both (CUDA events, median of --reps after 2 warm-ups; moe_small's two
  * launches are one call, so its split is not seen), the weight bytes read (active experts) over the
  * time, against the device-copy ceiling measured in the same run; and its output (act or ye) against
@@ -34,17 +35,20 @@ int g_reps = 20;
 struct Shape {
     const char *name;
     int R;
-    bool even; /* row r's experts r K .. r K + K - 1 (mod E), else uniform at random */
+    bool even;   /* row r's experts r K .. r K + K - 1 (mod E), else uniform at random */
+    bool shared; /* and a shared expert of the same width over every row, as the forward folds it in */
 };
 
 /* The grouping of a shape's routing (kdt_mk_moe_plan's): host counts and offsets, device counts, offs, perm. */
 struct Plan {
-    int counts[kE], offs[kE], active;
+    int counts[kE], offs[kE], active; /* active: experts with rows, the shared one counted */
+    bool shared;
     int32_t *d;
 };
 
 Plan make_plan(const Shape &sh, uint64_t seed) {
     Plan P = {};
+    P.shared = sh.shared, P.active = sh.shared;
     int idx[kMaxR * kTopk], perm[kMaxR * kTopk];
     for (int r = 0; r < sh.R; r++)
         for (int k = 0; k < kTopk; k++) {
@@ -68,7 +72,7 @@ Plan make_plan(const Shape &sh, uint64_t seed) {
 }
 
 struct Bufs {
-    bf16 *gu, *dn, *x, *xe, *act;
+    bf16 *gu, *dn, *sgu, *sdn, *x, *xe, *act; /* sgu [2I, hid], sdn [hid, I]: the shared expert */
     float *gu_out, *ye;
     cublasHandle_t h;
 };
@@ -77,37 +81,46 @@ struct Bufs {
 typedef void (*Variant)(const Bufs &, const Plan &, int, cudaStream_t, cudaEvent_t mid);
 
 void run_lib(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
-    KCK(product<true>(GateUp1{}, GateUp2{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, nullptr, kE, kHid, kInter, b.act, s));
+    KCK(product<true>(GateUp1{}, GateUp2{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, P.shared ? b.sgu : nullptr, kE, kHid, kInter,
+                      b.act, s));
     CK(cudaEventRecord(mid, s));
-    KCK(product<false>(Down{}, R, b.act, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.dn, nullptr, kE, kInter, kHid, b.ye, s));
+    KCK(product<false>(Down{}, R, b.act, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.dn, P.shared ? b.sdn : nullptr, kE, kInter, kHid, b.ye, s));
 }
 template <class C>
 void run_gu(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
-    KCK(product<true>(C{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, nullptr, kE, kHid, kInter, b.act, s));
+    KCK(product<true>(C{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, P.shared ? b.sgu : nullptr, kE, kHid, kInter, b.act, s));
     CK(cudaEventRecord(mid, s));
 }
 template <class C>
 void run_dn(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
     CK(cudaEventRecord(mid, s));
-    KCK(product<false>(C{}, R, b.act, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.dn, nullptr, kE, kInter, kHid, b.ye, s));
+    KCK(product<false>(C{}, R, b.act, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.dn, P.shared ? b.sdn : nullptr, kE, kInter, kHid, b.ye, s));
 }
 void run_small(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
     CK(cudaEventRecord(mid, s));
-    KCK(kdt_mk_moe_small(R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, b.dn, nullptr, nullptr, kE, kHid, kInter, b.act, b.ye, KDT_BF16, s));
+    KCK(kdt_mk_moe_small(R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, b.dn, P.shared ? b.sgu : nullptr, P.shared ? b.sdn : nullptr, kE,
+                         kHid, kInter, b.act, b.ye, KDT_BF16, s));
 }
-/* Per expert: gate/up [c, 2I] f32 = xe . gu_e^T, down ye [c, hid] = act . dn_e^T. */
-void run_cublas(const Bufs &b, const Plan &P, int, cudaStream_t s, cudaEvent_t mid) {
-    for (int e = 0; e < kE; e++)
-        if (P.counts[e])
-            KCK(kdt_lin_gemm(b.h, P.counts[e], 2 * kInter, kHid, b.gu + (size_t)e * 2 * kInter * kHid, CUDA_R_16BF, kHid,
-                             b.xe + (size_t)P.offs[e] * kHid, CUDA_R_16BF, kHid, b.gu_out + (size_t)P.offs[e] * 2 * kInter, CUDA_R_32F,
+/* Per expert: gate/up [c, 2I] f32 = xe . gu_e^T, down ye [c, hid] = act . dn_e^T; the shared expert (e = kE)
+ * over the R rows of x after the routed ones. */
+void run_cublas(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
+    const int RK = R * kTopk;
+    for (int e = 0; e <= kE; e++) {
+        const bool sh = e == kE;
+        const int c = sh ? (P.shared ? R : 0) : P.counts[e], off = sh ? RK : P.offs[e];
+        if (c)
+            KCK(kdt_lin_gemm(b.h, c, 2 * kInter, kHid, sh ? b.sgu : b.gu + (size_t)e * 2 * kInter * kHid, CUDA_R_16BF, kHid,
+                             sh ? b.x : b.xe + (size_t)off * kHid, CUDA_R_16BF, kHid, b.gu_out + (size_t)off * 2 * kInter, CUDA_R_32F,
                              2 * kInter, 0.f));
+    }
     CK(cudaEventRecord(mid, s));
-    for (int e = 0; e < kE; e++)
-        if (P.counts[e])
-            KCK(kdt_lin_gemm(b.h, P.counts[e], kHid, kInter, b.dn + (size_t)e * kHid * kInter, CUDA_R_16BF, kInter,
-                             b.act + (size_t)P.offs[e] * kInter, CUDA_R_16BF, kInter, b.ye + (size_t)P.offs[e] * kHid, CUDA_R_32F, kHid,
-                             0.f));
+    for (int e = 0; e <= kE; e++) {
+        const bool sh = e == kE;
+        const int c = sh ? (P.shared ? R : 0) : P.counts[e], off = sh ? RK : P.offs[e];
+        if (c)
+            KCK(kdt_lin_gemm(b.h, c, kHid, kInter, sh ? b.sdn : b.dn + (size_t)e * kHid * kInter, CUDA_R_16BF, kInter,
+                             b.act + (size_t)off * kInter, CUDA_R_16BF, kInter, b.ye + (size_t)off * kHid, CUDA_R_32F, kHid, 0.f));
+    }
 }
 
 /* Median times (us) of v: gate/up, down, both; act and ye left as v's last run wrote them. */
@@ -170,9 +183,11 @@ int main(int argc, char **argv) {
     bench_emit(g_out, "| shape | R | rows/expert | variant | gate/up us | down us | us | experts | GB | GB/s | of copy | vs library |\n"
                       "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     Bufs b;
-    const size_t gu_n = (size_t)kE * 2 * kInter * kHid, dn_n = (size_t)kE * kHid * kInter, places = (size_t)kMaxR * kTopk;
+    const size_t gu_n = (size_t)kE * 2 * kInter * kHid, dn_n = (size_t)kE * kHid * kInter, places = (size_t)kMaxR * (kTopk + 1);
     CK(cudaMalloc(&b.gu, gu_n * 2));
     CK(cudaMalloc(&b.dn, dn_n * 2));
+    CK(cudaMalloc(&b.sgu, gu_n / kE * 2));
+    CK(cudaMalloc(&b.sdn, dn_n / kE * 2));
     CK(cudaMalloc(&b.x, (size_t)kMaxR * kHid * 2));
     CK(cudaMalloc(&b.xe, places * kHid * 2));
     CK(cudaMalloc(&b.act, places * kInter * 2));
@@ -184,6 +199,8 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&act_ref, places * kInter * 2));
     KCK(kdt_cuda_fill_uniform(b.gu, KDT_BF16, gu_n, 11, 0.f, 1.f / sqrtf((float)kHid)));
     KCK(kdt_cuda_fill_uniform(b.dn, KDT_BF16, dn_n, 23, 0.f, 1.f / sqrtf((float)kInter)));
+    KCK(kdt_cuda_fill_uniform(b.sgu, KDT_BF16, gu_n / kE, 29, 0.f, 1.f / sqrtf((float)kHid)));
+    KCK(kdt_cuda_fill_uniform(b.sdn, KDT_BF16, dn_n / kE, 31, 0.f, 1.f / sqrtf((float)kInter)));
     KCK(kdt_cuda_fill_uniform(b.x, KDT_BF16, (size_t)kMaxR * kHid, 5, 0.f, 1.f));
     KCK(kdt_cuda_fill_uniform(b.xe, KDT_BF16, places * kHid, 7, 0.f, 1.f));
     CK(cudaDeviceSynchronize());
@@ -192,8 +209,8 @@ int main(int argc, char **argv) {
     CK(cublasCreate(&b.h) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
     CK(cublasSetStream(b.h, s) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
 
-    const Shape shapes[] = {{"decode", 1, false}, {"even", 2, true},     {"even", 8, true},
-                            {"even", 16, true},   {"verify", 17, false}, {"even", 32, true}};
+    const Shape shapes[] = {{"decode", 1, false, false}, {"even", 2, true, false},   {"even", 8, true, false},         {"even", 16, true, false},
+                            {"verify", 17, false, false}, {"even", 32, true, false}, {"decode+shared", 1, false, true}, {"verify+shared", 17, false, true}};
     /* part: 0 both products, 1 gate/up alone, 2 down alone (on the library's act) */
     const struct {
         const char *name;
@@ -202,22 +219,24 @@ int main(int argc, char **argv) {
     } variants[] = {{"library", run_lib, 0},
                     {"moe_small", run_small, 0},
                     {"cublas", run_cublas, 0},
-                    {"gate/up 2/2/256", run_gu<Cfg<2, 2>>, 1},
-                    {"gate/up 2/3/256", run_gu<Cfg<2, 3>>, 1},
-                    {"gate/up 2/4/256", run_gu<Cfg<2, 4>>, 1},
-                    {"gate/up 2/3/0", run_gu<Cfg<2, 3, 0>>, 1},
-                    {"gate/up 2/3/128", run_gu<Cfg<2, 3, 128>>, 1},
-                    {"gate/up 2/2/128", run_gu<Cfg<2, 2, 128>>, 1},
-                    {"down 1/3/256", run_dn<Cfg<1, 3>>, 2},
-                    {"down 2/3/256", run_dn<Cfg<2, 3>>, 2},
-                    {"down 1/4/256", run_dn<Cfg<1, 4>>, 2},
-                    {"down 1/2/256", run_dn<Cfg<1, 2>>, 2},
-                    {"down 1/3/0", run_dn<Cfg<1, 3, 0>>, 2},
-                    {"down 1/3/128", run_dn<Cfg<1, 3, 128>>, 2}};
+                    {"gate/up 2/3/256/4 (mid run's)", run_gu<Cfg<2, 3, 256, 4>>, 1},
+                    {"gate/up 2/2/256/4", run_gu<Cfg<2, 2, 256, 4>>, 1},
+                    {"gate/up 2/2/256/1", run_gu<Cfg<2, 2, 256, 1>>, 1},
+                    {"gate/up 2/3/256/1", run_gu<Cfg<2, 3, 256, 1>>, 1},
+                    {"gate/up 2/3/256/2", run_gu<Cfg<2, 3, 256, 2>>, 1},
+                    {"gate/up 2/3/0/1", run_gu<Cfg<2, 3, 0, 1>>, 1},
+                    {"gate/up 2/3/128/1", run_gu<Cfg<2, 3, 128, 1>>, 1},
+                    {"down 2/3/256/4 (mid run's)", run_dn<Cfg<2, 3, 256, 4>>, 2},
+                    {"down 1/3/256/4", run_dn<Cfg<1, 3, 256, 4>>, 2},
+                    {"down 1/3/256/1", run_dn<Cfg<1, 3, 256, 1>>, 2},
+                    {"down 1/3/256/2", run_dn<Cfg<1, 3, 256, 2>>, 2},
+                    {"down 2/3/256/1", run_dn<Cfg<2, 3, 256, 1>>, 2},
+                    {"down 1/4/256/1", run_dn<Cfg<1, 4, 256, 1>>, 2},
+                    {"down 1/3/0/1", run_dn<Cfg<1, 3, 0, 1>>, 2}};
     const double gu_bytes = 2.0 * kHid * kInter * 2, dn_bytes = 1.0 * kHid * kInter * 2;
     for (const Shape &sh : shapes) {
         const Plan P = make_plan(sh, 0x5eed + sh.R);
-        const size_t act_n = (size_t)sh.R * kTopk * kInter, ye_n = (size_t)sh.R * kTopk * kHid;
+        const size_t places_n = (size_t)sh.R * (kTopk + (sh.shared ? 1 : 0)), act_n = places_n * kInter, ye_n = places_n * kHid;
         for (const auto &v : variants) {
             if (v.part == 2) CK(cudaMemcpy(b.act, act_ref, act_n * 2, cudaMemcpyDeviceToDevice));
             double us[3];

@@ -1,7 +1,7 @@
 /* The routed experts of a MoE layer on bf16 weights at decode and verify sizes (moe_bf16.h;
  * docs/perf/model.md, "Grouped bf16 experts"): two launches a layer, gate/up with SiLU . mul, then
  * down, each over every expert with rows (and the shared expert, as one more), the weights streamed
- * once from DRAM onto the tensor cores, whatever the rows an expert (1 to 16 in one pass).
+ * once from DRAM onto the tensor cores, whatever the rows an expert (1 to 32 in one pass).
  *
  * Grid (output tiles, expert slots), fixed by the shapes: slot j takes the j-th expert with rows in
  * expert order, found on the device from counts [E] (the host never waits, so the launches are
@@ -22,7 +22,6 @@ namespace {
 
 typedef __nv_bfloat16 bf16;
 
-constexpr int kBWarps = 4;  /* a block: 4 warps; 4 blocks an SM at <= 128 registers a thread */
 constexpr int kBStep = 32;  /* k per step: a quad's 4 lanes x 8 values of a row */
 
 /* 16 bytes of streamed weights, not kept in L1; kPf (0, 128 or 256): the L2 asked for that many bytes of
@@ -137,17 +136,17 @@ __device__ __forceinline__ void expert_pass(const bf16 *__restrict__ in, const i
             }
 }
 
-/* Grid (ceil(n_out / (16 (gate/up) or 16 kA (down) x kBWarps)), slots (+ 1 with the shared expert ws)):
- * block (x, j) runs slot j's expert, warp w the block's w-th column group, the expert's rows 8 kMT at a time
+/* Grid (ceil(n_out / (16 (gate/up) or 16 kA (down) x kW)), slots (+ 1 with the shared expert ws)): block
+ * (x, j) of kW warps runs slot j's expert, warp w the block's w-th column group, the expert's rows 8 kMT at a time
  * (the weights read again for each 8 kMT past the first: an expert with more rows than the batch's kMT
  * was chosen for). kGateUp: w [E, 2 n_out, n_in], ws [2 n_out, n_in]; else [E, n_out, n_in], [n_out, n_in]. */
-template <bool kGateUp, int kA, int kMT, int kU, int kPf>
-__global__ void __launch_bounds__(32 * kBWarps, 4) moe_bf16_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
+template <bool kGateUp, int kA, int kMT, int kU, int kPf, int kW>
+__global__ void __launch_bounds__(32 * kW, 16 / kW) moe_bf16_kernel(const bf16 *__restrict__ in, const int32_t *__restrict__ perm, int topk,
                                                                  const int32_t *__restrict__ counts, const int32_t *__restrict__ offs, int E,
                                                                  int R, const bf16 *__restrict__ w, const bf16 *__restrict__ ws, int n_in,
                                                                  int n_out, void *out) {
     kdt_pdl_begin();
-    const int col0 = (blockIdx.x * kBWarps + threadIdx.x / 32) * 16 * (kGateUp ? 1 : kA);
+    const int col0 = (blockIdx.x * kW + threadIdx.x / 32) * 16 * (kGateUp ? 1 : kA);
     if (col0 >= n_out) return;
     const bool shared = ws && blockIdx.y == gridDim.y - 1;
     int cnt = R, off = R * topk;
@@ -162,25 +161,25 @@ __global__ void __launch_bounds__(32 * kBWarps, 4) moe_bf16_kernel(const bf16 *_
         expert_pass<kGateUp, kA, kMT, kU, kPf>(in, perm, topk, shared, we, off, r, cnt, n_in, n_out, col0, out);
 }
 
-/* A product's shape: tiles a warp (kA), ring depth (kU), L2 prefetch bytes (kPf); none changes a row's bits
- * (each output is one lane's chain over K in k order). */
-template <int kA, int kU, int kPf = 256> struct Cfg {};
+/* A product's shape: tiles a warp (kA), ring depth (kU), L2 prefetch bytes (kPf), warps a block (kW); none
+ * changes a row's bits (each output is one lane's chain over K in k order). */
+template <int kA, int kU, int kPf = 256, int kW = 1> struct Cfg {};
 
 /* One product over the slots: gate/up (in x [R, n_in], w [E, 2 n_out, n_in], out act) or down (in act, w
- * [E, n_out, n_in], out ye); ws: the shared expert's matrix (NULL: none). Up to 8 rows an expert (R <= 8)
- * shape c1, else c2 with 16 rows a pass. */
-template <bool kGateUp, int kA1, int kU1, int kPf1, int kA2, int kU2, int kPf2>
-kdt_status product(Cfg<kA1, kU1, kPf1>, Cfg<kA2, kU2, kPf2>, int64_t R, const bf16 *in, const int32_t *perm, int32_t K, const int32_t *counts,
+ * [E, n_out, n_in], out ye); ws: the shared expert's matrix (NULL: none). Up to 8 rows (R <= 8) shape c1,
+ * else c2 with 16, 24 or 32 rows a pass: an expert (the shared one: R rows) in one pass up to R = 32. */
+template <bool kGateUp, int kA1, int kU1, int kPf1, int kA2, int kU2, int kPf2, int kW>
+kdt_status product(Cfg<kA1, kU1, kPf1, kW>, Cfg<kA2, kU2, kPf2, kW>, int64_t R, const bf16 *in, const int32_t *perm, int32_t K, const int32_t *counts,
                    const int32_t *offs, const bf16 *w, const bf16 *ws, int32_t E, int32_t n_in, int32_t n_out, void *out, cudaStream_t s) {
     const unsigned slots = (unsigned)(R * K < E ? R * K : E) + (ws ? 1u : 0u);
-    const int cols = 16 * kBWarps * (kGateUp ? 1 : R <= 8 ? kA1 : kA2);
-    const dim3 grid((unsigned)((n_out + cols - 1) / cols), slots);
-    if (R <= 8)
-        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA1, 1, kU1, kPf1>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts,
-                                      offs, (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
-    else
-        KDT_CUDA_CHECK(kdt_pdl_launch(moe_bf16_kernel<kGateUp, kA2, 2, kU2, kPf2>, grid, dim3(32 * kBWarps), 0, s, in, perm, (int)K, counts,
-                                      offs, (int)E, (int)R, w, ws, (int)n_in, (int)n_out, out));
+    const int cols = 16 * kW * (kGateUp ? 1 : R <= 8 ? kA1 : kA2);
+    const dim3 grid((unsigned)((n_out + cols - 1) / cols), slots), block(32 * kW);
+    auto go = [&](auto kern) { return kdt_pdl_launch(kern, grid, block, 0, s, in, perm, (int)K, counts, offs, (int)E, (int)R, w, ws, (int)n_in,
+                                                     (int)n_out, out); };
+    KDT_CUDA_CHECK(R <= 8    ? go(moe_bf16_kernel<kGateUp, kA1, 1, kU1, kPf1, kW>)
+                   : R <= 16 ? go(moe_bf16_kernel<kGateUp, kA2, 2, kU2, kPf2, kW>)
+                   : R <= 24 ? go(moe_bf16_kernel<kGateUp, kA2, 3, kU2, kPf2, kW>)
+                             : go(moe_bf16_kernel<kGateUp, kA2, 4, kU2, kPf2, kW>));
     KDT_CUDA_CHECK_LAUNCH(kGateUp ? "moe_bf16 gate_up" : "moe_bf16 down");
     return KDT_OK;
 }
@@ -191,9 +190,11 @@ kdt_status product(C c, int64_t R, const bf16 *in, const int32_t *perm, int32_t 
 }
 
 /* The library's shapes (docs/perf/model.md, "Grouped bf16 experts": the dev bench's variants, H200), the L2
- * asked for 256 bytes a load. gate/up: 2 tiles (gate, up); up to 8 rows a ring of 3 steps, past that of 2
- * (96 registers: 5 blocks an SM, so that a verify's 16 experts and the shared one are one wave). down: 1
- * tile, a ring of 3. */
+ * asked for 256 bytes a load, blocks of one warp: an SM's bytes per second are capped near the DRAM's over
+ * the SMs, so the SMs must get equal work, and 4-warp blocks of 9 or 17 experts (decode, verify with the
+ * shared one) gave some SMs 3 blocks where most had 2 (decode), or left a second wave (verify); one-warp
+ * blocks spread within a warp an SM and all fit at once (<= 128 registers: 16 an SM). gate/up: 2 tiles
+ * (gate, up), a ring of 3 steps up to 8 rows, of 2 past that; down: 1 tile, a ring of 3. */
 typedef Cfg<2, 3> GateUp1;
 typedef Cfg<2, 2> GateUp2;
 typedef Cfg<1, 3> Down;
