@@ -6,12 +6,12 @@
  * order). Cases: 1 to 64 rows (8, 16, 24 and 32 rows a pass), experts without rows, an expert with
  * more rows than one pass holds, Kimi K2's expert sizes. Outputs are NaN-poisoned before each run; two runs must be bit-identical,
  * and so must a row's act and ye run alone (R = 1, its own K experts) and inside the batch.
- * Then the forward's dispatch: a random bf16 model whose experts are "large" (37.7 MB, every expert kept,
- * so no router near-tie can flip a choice), with the default flags (the grouped kernels for decode and
- * a 16-row chain, the shared expert folded in, graphs) against the same model with the MoE on cuBLAS
- * per expert (flags without KDT_MODEL_MOE_DEVICE and KDT_MODEL_GRAPHS): logits within 2e-2 relative L2 a
- * row; the 16-row chain run three times (direct, captured, replayed) gives the same bits. Without a
- * CUDA device it prints a SKIP line. */
+ * Then the forward's dispatch: a random bf16 model whose experts are "large" (37.7 MB), with the default
+ * flags (the grouped kernels for decode and a 17-row chain, the shared expert folded in, graphs) against
+ * the same model with the MoE on cuBLAS per expert (flags without KDT_MODEL_MOE_DEVICE and
+ * KDT_MODEL_GRAPHS): logits within 2e-2 relative L2 a row; the 17-row chain run three times (direct,
+ * captured, replayed) gives the same bits, and its rows match 17 one-row decode steps of the same tokens
+ * within 2e-2 (the bit-identical rows counted). Without a CUDA device it prints a SKIP line. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,12 +207,13 @@ void run_case(int R, int K, int E, int hid, int I, bool shared, int hot_rows) {
     free(act[0]), free(act[1]), free(ye[0]), free(ye[1]);
 }
 
-/* A model of 2 layers (dense, then MoE: 4 experts of 1024 x 6144 bf16, every one kept, a shared one of the
- * same width), Kimi K2's attention dims. */
+/* A model of 2 layers (dense, then MoE: 8 experts of 1024 x 6144 bf16, top 4, a shared one of the same
+ * width), Kimi K2's attention dims. Both models route the same (their router's input, layer 0's output, is
+ * the same code's), so a near-tie cannot flip one's choice and not the other's. */
 const char *kLargeExperts =
     "{\"vocab_size\": 2000, \"hidden_size\": 1024, \"intermediate_size\": 2048, \"moe_intermediate_size\": 6144,"
     "\"num_hidden_layers\": 2, \"num_attention_heads\": 16, \"q_lora_rank\": 384, \"kv_lora_rank\": 512,"
-    "\"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"n_routed_experts\": 4,"
+    "\"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"n_routed_experts\": 8,"
     "\"n_shared_experts\": 1, \"num_experts_per_tok\": 4, \"n_group\": 1, \"topk_group\": 1, \"first_k_dense_replace\": 1,"
     "\"norm_topk_prob\": true, \"routed_scaling_factor\": 2.827, \"max_position_embeddings\": 4096, \"rope_theta\": 50000.0}";
 
@@ -246,13 +247,14 @@ void forward_case() {
         if (st == KDT_OK && k == 0) st = kdt_model_set_flags(m[0], kdt_model_flags(m[0]) & ~(KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS));
         if (st == KDT_OK) st = kdt_cache_create(m[k], 1, 128, 0, &c[k]);
     }
-    const int32_t V = cfg.vocab_size, P = 24, N = 16;
+    const int32_t V = cfg.vocab_size, P = 40, N = 17; /* P K > 16 E: the prefill on cuBLAS in both */
     int32_t tok[P + 1 + N];
     for (int i = 0; i < P + 1 + N; i++) tok[i] = (int32_t)(kt_splitmix64(&g_seed) % (uint64_t)V);
     float *lg[2] = {(float *)malloc((size_t)P * V * 4), (float *)malloc((size_t)P * V * 4)}, *again = (float *)malloc((size_t)N * V * 4);
-    double dec = 0, ver = 0;
+    double dec = 0, ver = 0, steps = 0;
     bool same = true;
-    for (int k = 0; k < 2 && st == KDT_OK; k++) st = chain(m[k], c[k], P, tok, lg[k]); /* prefill: cuBLAS in both */
+    int same_rows = 0;
+    for (int k = 0; k < 2 && st == KDT_OK; k++) st = chain(m[k], c[k], P, tok, lg[k]);
     for (int k = 0; k < 2 && st == KDT_OK; k++) st = chain(m[k], c[k], 1, tok + P, lg[k]);
     if (st == KDT_OK) dec = worst_row(lg[1], lg[0], 1, V);
     for (int k = 0; k < 2 && st == KDT_OK; k++) st = chain(m[k], c[k], N, tok + P + 1, lg[k]);
@@ -262,14 +264,24 @@ void forward_case() {
         if (st == KDT_OK) st = chain(m[1], c[1], N, tok + P + 1, again);
         same = same && st == KDT_OK && !memcmp(again, lg[1], (size_t)N * V * 4);
     }
+    /* The chain's rows against N one-row decode steps of the same tokens. */
+    if (st == KDT_OK) st = kdt_cache_truncate(c[1], 0, P + 1);
+    for (int i = 0; i < N && st == KDT_OK; i++) {
+        st = chain(m[1], c[1], 1, tok + P + 1 + i, again);
+        if (st != KDT_OK) break;
+        const double e = worst_row(again, lg[1] + (size_t)i * V, 1, V);
+        steps = e > steps ? e : steps;
+        same_rows += !memcmp(again, lg[1] + (size_t)i * V, (size_t)V * 4);
+    }
     int64_t replays = 0, captures = 0;
     if (m[1]) kdt_model_graph_counts(m[1], &replays, &captures);
     if (st != KDT_OK) kt_fail("moe_bf16 forward (large bf16 experts): %s", kdt_last_error());
     else
-        kt_check(dec <= 2e-2 && ver <= 2e-2 && same && replays > 0,
+        kt_check(dec <= 2e-2 && ver <= 2e-2 && steps <= 2e-2 && same && replays > 0,
                  "moe_bf16 forward (large bf16 experts, grouped kernels vs cuBLAS per expert): decode worst row rel L2 %.1e, "
-                 "16-row chain %.1e (tol 2e-2); direct, captured, replayed %s (%lld replays)",
-                 dec, ver, same ? "bit-identical" : "DIFFER", (long long)replays);
+                 "%d-row chain %.1e; the chain's rows vs %d decode steps %.1e (%d of %d bit-identical) (tol 2e-2); direct, captured, "
+                 "replayed %s (%lld replays)",
+                 dec, N, ver, N, steps, same_rows, N, same ? "bit-identical" : "DIFFER", (long long)replays);
     for (int k = 0; k < 2; k++) {
         kdt_cache_free(c[k]);
         kdt_model_free(m[k]);
