@@ -1,7 +1,7 @@
 /* The routed experts of one MoE layer on bf16 weights at decode and verify sizes: the library's
  * grouped tensor-core kernels (kdt_moe_bf16, src/model/cuda/moe_bf16.cu, compiled into this file so
  * that other shapes of each product can be launched: "gate/up A/U/P/W", "down A/U/P/W": tiles a warp,
- * ring depth, L2 prefetch bytes, warps a block; "library": moe_bf16.cu's, GateUp1 / GateUp2 and Down) beside moe.cu's
+ * ring depth, L2 prefetch bytes, warps a block; "library": moe_bf16.cu's GateUp1 / GateUp2, Down1 / Down2) beside moe.cu's
  * CUDA-core kernels (kdt_mk_moe_small) and cuBLAS GEMMs per expert
  * sized on the host (what the forward runs above MOE_LARGE_ROWS_PER_EXPERT without the grouped
  * kernels; the gather and SiLU . mul launches between them are left out, as is the host wait for the
@@ -84,7 +84,7 @@ void run_lib(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mi
     KCK(product<true>(GateUp1{}, GateUp2{}, R, b.x, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.gu, P.shared ? b.sgu : nullptr, kE, kHid, kInter,
                       b.act, s));
     CK(cudaEventRecord(mid, s));
-    KCK(product<false>(Down{}, R, b.act, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.dn, P.shared ? b.sdn : nullptr, kE, kInter, kHid, b.ye, s));
+    KCK(product<false>(Down1{}, Down2{}, R, b.act, P.d + 2 * kE, kTopk, P.d, P.d + kE, b.dn, P.shared ? b.sdn : nullptr, kE, kInter, kHid, b.ye, s));
 }
 template <class C>
 void run_gu(const Bufs &b, const Plan &P, int R, cudaStream_t s, cudaEvent_t mid) {
