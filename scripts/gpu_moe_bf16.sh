@@ -5,7 +5,7 @@
 # main's bench_spec and bench_model (from `git archive main`, or $BASE_BUILD where it holds them);
 # runs test_moe_bf16 (the kernels against a double reference, bits alone = in a batch);
 # moe_bf16_bench (one layer's routed experts: grouped, moe_small, cuBLAS per expert at 1 .. 16 rows
-# an expert, GB/s against the copy ceiling); bench_spec --batches 1 --drafters oracle and bench_model
+# an expert, and with the shared expert at decode and verify; GB/s against the copy ceiling); bench_spec --batches 1 --drafters oracle and bench_model
 # --only kimi at batch 1 and 8, this tree then main; dev/cuda/batch_invariance (which op gives a row other
 # bits in a decode step than in a 5- or 17-row verify) and bench_spec again with $KDT_VA_SM90=0. One "## "
 # line per step, the summary last; logs in $OUT/logs, tables in $OUT. No network: see scripts/gpu_deps.sh.
