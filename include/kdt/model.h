@@ -98,8 +98,8 @@ KDT_API kdt_dtype  kdt_model_dtype(const kdt_model *m);   /* the compute dtype (
 /* Options of the CUDA forward (bits; the CPU backend ignores them). A model starts with
  * $KDT_MODEL_FLAGS (a number) where set, else KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS | KDT_MODEL_FUSED |
  * KDT_MODEL_PDL.
- *   KDT_MODEL_MOE_DEVICE: MoE layers of batches with at most 16 rows per expert on average (2 for
- *     experts of 32 MB and more, where cuBLAS is faster past that; decode,
+ *   KDT_MODEL_MOE_DEVICE: MoE layers of batches with at most 16 rows per expert on average (for
+ *     experts of 32 MB and more, 2 unless they are dense bf16: cuBLAS is faster past that; decode,
  *     verification) run the routed experts in two kernels reading the routing from device memory,
  *     so the forward has no host wait inside (else cuBLAS GEMMs per expert, sized on the host).
  *   KDT_MODEL_GRAPHS: KDT_MODEL_MOE_DEVICE, and forwards with no host wait inside are captured as

@@ -10,7 +10,7 @@
  * pick.cu), and waits at the end (the outputs) unless the batch says no_wait. The
  * routed experts of a MoE layer run as cuBLAS GEMMs per expert, sized by the expert row counts
  * (the host waits for them once per MoE layer), or, with KDT_MODEL_MOE_DEVICE and few rows per
- * expert, in moe.cu's kernels from device-side counts: such a forward has no host wait
+ * expert, in moe.cu's kernels (large bf16 experts: moe_bf16.cu's) from device-side counts: such a forward has no host wait
  * inside, and with KDT_MODEL_GRAPHS it is captured as a CUDA graph per shape and replayed
  * (graph.cu). Scratch memory is the model's, grown as batches grow, so a model serves one
  * forward at a time. */
@@ -26,6 +26,7 @@
 #include "model/cuda.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/linear.h"
+#include "model/cuda/moe_bf16.h"
 #include "model/cuda/pick.cuh"
 #include "model/cuda/route.h"
 
@@ -46,6 +47,10 @@
  * against 1.14), while the small models' forwards are launch-bound at every size measured. */
 #define MOE_LARGE_EXPERT_BYTES (32ull << 20)
 #define MOE_LARGE_ROWS_PER_EXPERT 2
+/* Large dense bf16 experts run moe_bf16.cu's grouped tensor-core kernels instead, decode and verify
+ * alike (a row's bits the same in both), up to this many rows per expert (docs/perf/model.md,
+ * "Grouped bf16 experts"); prefill sizes keep cuBLAS. */
+#define MOE_BF16_ROWS_PER_EXPERT 16
 #define GEMV_MAX_ROWS 16
 /* With KDT_MODEL_FUSED, experts under MOE_LARGE_EXPERT_BYTES take moe.cu's kernels at any batch
  * whose routed products stay under this many multiply-adds (CUDA cores, about 100 us): a
@@ -338,6 +343,7 @@ struct Fwd {
     cudaStream_t s;
     kdt_lin_ctx lc;              /* the linears' stream, cuBLAS handle and scratch (linear.h) */
     bool moe_small;              /* MoE layers run moe.cu's kernels: no host wait */
+    bool moe_bf16;               /* ... and their routed experts moe_bf16.cu's (with moe_small) */
     bool gemv;                   /* projections run moe.cu's small-batch kernel (KDT_MODEL_GEMV) */
     bool fused;                  /* KDT_MODEL_FUSED: route.cu's one-launch router where it fits */
     bool pdl;                    /* KDT_MODEL_PDL: the model's kernels with programmatic dependent launch */
@@ -480,6 +486,14 @@ kdt_status moe(Fwd &f, int32_t l) {
         KDT_TRY(kdt_mk_route(u.rlog, L->router_bias, d.R, d.E, cf->n_group, cf->topk_group, d.K, cf->norm_topk_prob,
                          cf->routed_scaling_factor, u.gi, u.gw, f.s));
         KDT_TRY(kdt_mk_moe_plan(u.gi, RK, d.E, u.counts, u.offs, u.perm, u.posa, f.s));
+    }
+    if (f.moe_bf16) { /* a shared expert of the experts' width in the same two launches */
+        const kdt_mlp_dw &sh = L->shared;
+        const bool fold = sh.inter == I && sh.gate_up.fmt == KDT_WFMT_DENSE && sh.gate_up.parts == 1 && sh.down.fmt == KDT_WFMT_DENSE;
+        KDT_TRY(kdt_moe_bf16(d.R, u.hn, u.perm, d.K, u.counts, u.offs, L->exp_gate_up.w[0], L->exp_down.w[0],
+                             fold ? sh.gate_up.w[0] : nullptr, fold ? sh.down.w[0] : nullptr, d.E, d.hid, (int32_t)I, u.act, u.ye, f.s));
+        KDT_TRY(kdt_mk_moe_combine(u.x, u.ye, u.gi, u.gw, u.posa, d.R, d.K, d.E, d.hid, fold, f.s));
+        return sh.inter && !fold ? mlp(f, &sh, nullptr) : KDT_OK;
     }
     if (f.moe_small) {
         /* A small shared expert of the experts' width rides in the routed experts' two launches
@@ -661,6 +675,17 @@ bool has_moe(const kdt_model *m) {
     return false;
 }
 
+/* Whether every MoE layer's routed experts are dense bf16 of sizes moe_bf16.cu takes. */
+bool experts_bf16(const kdt_model *m, const Dims &d) {
+    if (d.dt != KDT_BF16 || !kdt_moe_bf16_fits(d.hid, m->cfg.moe_intermediate_size)) return false;
+    for (int32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const kdt_layer_dw *L = &m->dlayers[l];
+        if (L->is_moe && (L->exp_gate_up.fmt != KDT_WFMT_DENSE || L->exp_gate_up.parts != 1 || L->exp_down.fmt != KDT_WFMT_DENSE))
+            return false;
+    }
+    return true;
+}
+
 /* Runs the device work (as a graph where the model's flags ask for it and nothing in it waits
  * for the host), then brings host outputs back and waits for the stream. */
 kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
@@ -668,12 +693,14 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     const kdt_model *m = f.m;
     const int64_t I = m->cfg.moe_intermediate_size;
     const bool large = 3ull * (uint64_t)d.hid * (uint64_t)I * d.es >= MOE_LARGE_EXPERT_BYTES;
-    const int64_t rows_per_expert = large ? MOE_LARGE_ROWS_PER_EXPERT : MOE_SMALL_ROWS_PER_EXPERT;
+    const bool grouped = large && experts_bf16(m, d);
+    const int64_t rows_per_expert = grouped ? MOE_BF16_ROWS_PER_EXPERT : large ? MOE_LARGE_ROWS_PER_EXPERT : MOE_SMALL_ROWS_PER_EXPERT;
     f.fused = (m->flags & KDT_MODEL_FUSED) != 0;
     const bool few_rows = d.R * d.K <= rows_per_expert * d.E;
     const bool few_macs = f.fused && !large && d.R * d.K * 3 * d.hid * I <= MOE_DEVICE_MAX_MACS;
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
                   (few_rows || few_macs);
+    f.moe_bf16 = f.moe_small && grouped;
     f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
     /* Prefill-sized forwards on the device MoE (few_macs) run directly: their shapes follow the
      * prompts, and a graph per prompt length would pile up. */
