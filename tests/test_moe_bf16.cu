@@ -7,7 +7,7 @@
  * more rows than one pass holds, Kimi K2's expert sizes. Outputs are NaN-poisoned before each run; two runs must be bit-identical,
  * and so must a row's act and ye run alone (R = 1, its own K experts) and inside the batch.
  * Then the forward's dispatch: a random bf16 model whose experts are "large" (37.7 MB), with the default
- * flags (the grouped kernels for decode and a 17-row chain, the shared expert folded in, graphs) against
+ * flags (moe.cu's kernels for decode, the grouped kernels for a 17-row chain with the shared expert folded in, graphs) against
  * the same model with the MoE on cuBLAS per expert (flags without KDT_MODEL_MOE_DEVICE and
  * KDT_MODEL_GRAPHS): logits within 2e-2 relative L2 a row; the 17-row chain run three times (direct,
  * captured, replayed) gives the same bits, and its rows match 17 one-row decode steps of the same tokens

@@ -47,9 +47,12 @@
  * against 1.14), while the small models' forwards are launch-bound at every size measured. */
 #define MOE_LARGE_EXPERT_BYTES (32ull << 20)
 #define MOE_LARGE_ROWS_PER_EXPERT 2
-/* Large dense bf16 experts run moe_bf16.cu's grouped tensor-core kernels instead, decode and verify
- * alike (a row's bits the same in both), up to this many rows per expert (docs/perf/model.md,
- * "Grouped bf16 experts"); prefill sizes keep cuBLAS. */
+/* Large dense bf16 experts past MOE_LARGE_ROWS_PER_EXPERT rows per expert (verify sizes) run
+ * moe_bf16.cu's grouped tensor-core kernels instead of cuBLAS per expert, up to this many rows per
+ * expert (docs/perf/model.md, "Grouped bf16 experts"); prefill sizes keep cuBLAS. Decode sizes keep
+ * moe.cu's kernels: with the grouped ones a batch-1 decode step was slower (H200, 2026-12-02 17:46:
+ * Kimi dims 0.800 against 0.753 ms; bench_spec's plain 523.9 against 554.5 tokens/s), so a row's
+ * expert output differs in its last bits between a decode step and a tree, as it did with cuBLAS. */
 #define MOE_BF16_ROWS_PER_EXPERT 16
 #define GEMV_MAX_ROWS 16
 /* With KDT_MODEL_FUSED, experts under MOE_LARGE_EXPERT_BYTES take moe.cu's kernels at any batch
@@ -700,7 +703,7 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     const bool few_macs = f.fused && !large && d.R * d.K * 3 * d.hid * I <= MOE_DEVICE_MAX_MACS;
     f.moe_small = (m->flags & (KDT_MODEL_MOE_DEVICE | KDT_MODEL_GRAPHS)) && d.E > 0 && kdt_mk_moe_small_fits(d.hid, (int32_t)I) &&
                   (few_rows || few_macs);
-    f.moe_bf16 = f.moe_small && grouped;
+    f.moe_bf16 = f.moe_small && grouped && d.R * d.K > MOE_LARGE_ROWS_PER_EXPERT * d.E;
     f.gemv = (m->flags & KDT_MODEL_GEMV) && d.R <= GEMV_MAX_ROWS;
     /* Prefill-sized forwards on the device MoE (few_macs) run directly: their shapes follow the
      * prompts, and a graph per prompt length would pile up. */
