@@ -141,12 +141,13 @@ S="$L/bin/llama-speculative-simple" DM=(-md "$D" -ngld "$NGL") DS=(--spec-type d
 
 # 4. Most important first: the 96-token runs of each kind, then the 256-token ones, then the other
 # settings. kdt lookup D=8 K=2 N=16 is issue 21's setting, D=8 K=1 N=8 and model D=4 K=2 N=8 the
-# fastest at batch 1 in docs/perf/drafters.md.
+# fastest at batch 1 in docs/perf/drafters.md, D=16 K=1 N=16 lookup's best at 256 tokens (docs/perf/model.md).
 for n in 96 256; do
     run "kdt_plain_n$n" kdt "$n" "${K[@]}" --max-new "$n"
     run "llama_plain_n$n" llama-simple "$n" "$L/bin/llama-simple" -m "$M" -ngl "$NGL" -n "$n" "{P}"
     run "kdt_lookup_D8K2N16_n$n" kdt "$n" "${K[@]}" --max-new "$n" "${KL[@]}" --depth 8 --topk 2 --budget 16
     run "kdt_lookup_D8K1N8_n$n" kdt "$n" "${K[@]}" --max-new "$n" "${KL[@]}" --depth 8 --topk 1 --budget 8
+    run "kdt_lookup_D16K1N16_n$n" kdt "$n" "${K[@]}" --max-new "$n" "${KL[@]}" --depth 16 --topk 1 --budget 16
     run "llama_lookup_max8_n$n" llama-lookup "$n" "$L/bin/llama-lookup" "${G[@]}" -n "$n" --spec-draft-n-max 8
     run "kdt_model_D4K2N8_n$n" kdt "$n" "${K[@]}" --max-new "$n" "${KM[@]}" --depth 4 --topk 2 --budget 8
     run "llama_draft_max4_n$n" llama-speculative-simple "$n" "$S" "${G[@]}" "${DM[@]}" "${DS[@]}" -n "$n" --spec-draft-n-max 4
