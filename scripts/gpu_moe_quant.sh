@@ -40,7 +40,7 @@ else
         base_pid=$!
     else note "baseline: none (no main in git)"; fi
 fi
-step build 85 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$B" "$BUILD/dev/moe_quant_bench" ||
+step build 85 make -j16 "${MAKEVARS[@]}" "$T/test_moe_quant" "$T/test_quant_cuda" "$T/test_quant_gemm" "$B" "$BUILD/dev/moe_quant_bench" ||
     grep -E 'error' "$LOGS/build.log" | head -20
 if [ -n "$base_pid" ]; then wait "$base_pid"; note "build_base: exit $? ($LOGS/build_base.log)"; fi
 
@@ -53,9 +53,6 @@ tests() { # tests NAME LIMIT: runs $T/NAME, notes its PASS / FAIL / SKIP counts
     note "$1: $([ "$rc" = 0 ] && [ "$f" = 0 ] && [ "$p" -gt 0 ] && echo PASS || echo FAIL) ($p passed, $f failed, $s skipped, exit $rc)"
 }
 tests test_moe_quant 30
-# The other tests build while the benches run (they share quant_mma.cuh and the forward).
-(timeout 60 make -j8 "${MAKEVARS[@]}" "$T/test_quant_cuda" "$T/test_quant_gemm" >"$LOGS/build_tests.log" 2>&1) &
-tests_pid=$!
 
 # One MoE layer's routed experts (dev/cuda/moe_quant_bench.cu): main's kernel, the library's, variants.
 if [ -x "$BUILD/dev/moe_quant_bench" ]; then
@@ -89,8 +86,6 @@ ncu_moe() { # ncu_moe NAME SKIP
 ncu_moe ncu_moe_packed 8
 ncu_moe ncu_moe_joint 16
 
-wait "$tests_pid"
-note "build_tests: exit $? ($LOGS/build_tests.log)"
 tests test_quant_cuda 30
 tests test_quant_gemm 25  # quant_gemm and kdt_sgemm on quant_mma.cuh's int4 step
 
