@@ -26,6 +26,7 @@ extern "C" {
 #include "model/quant.h"
 }
 #include "model/cuda.h"
+#include "model/cuda/linear.h"
 #include "model/cuda/moe_quant.h"
 
 namespace {
@@ -286,6 +287,76 @@ void check_pack(int rows, int K, bool joint) {
     free(w), free(pw), free(sc), free(ps), free(f), free(q);
 }
 
+/* kdt_lin (the forward's per-expert products of large batches) on packed experts: E experts packed in
+ * place by kdt_cuda_pack_experts against the same experts in the checkpoint's layout, matrix e of gate/up
+ * and of down, at M = 80 rows (past KDT_LIN_QGEMM_ROWS: both dequantized to bf16, then cuBLAS, so the same
+ * bits) and M = 5 (the checkpoint's layout through the decode GEMM), against a double reference on the
+ * CPU's dequantized weights (5e-3 of the largest |y|: the dequantized weights rounded to bf16). */
+void check_lin(int E, int hid, int I, int e) {
+    QMat gu, dn;
+    bool ok = make_mat(true, E, 2 * I, hid, &gu) && make_mat(true, E, hid, I, &dn);
+    kdt_dlin u_gu = dlin(true, E, 2 * I, hid, 2 * I, gu, nullptr, 0), u_dn = dlin(true, E, hid, I, hid, dn, nullptr, 0);
+    kdt_dlin p_gu = u_gu, p_dn = u_dn; /* copies of the device arrays, then packed */
+    for (kdt_dlin *d : {&p_gu, &p_dn}) {
+        const size_t rows = (size_t)E * d->N;
+        void *w = nullptr, *sc = nullptr;
+        ok = ok && cuda_ok(cudaMalloc(&w, rows * d->K / 2), "malloc") && cuda_ok(cudaMalloc(&sc, rows * (d->K / 16)), "malloc") &&
+             cuda_ok(cudaMemcpy(w, d->w[0], rows * d->K / 2, cudaMemcpyDeviceToDevice), "copy") &&
+             cuda_ok(cudaMemcpy(sc, d->scale[0], rows * (d->K / 16), cudaMemcpyDeviceToDevice), "copy");
+        d->w[0] = w, d->scale[0] = sc;
+    }
+    const kdt_status ps = ok ? kdt_cuda_pack_experts(&p_gu, &p_dn) : KDT_OK;
+    if (ps != KDT_OK) kt_fail("moe_quant lin: kdt_cuda_pack_experts: %s", kdt_last_error());
+    ok = ok && ps == KDT_OK && p_gu.packed == 1 && p_dn.packed == 1;
+    kdt_lin_ctx c = {};
+    c.dt = KDT_BF16;
+    const int M = 80, most = 2 * I > hid ? 2 * I : hid, kmax = hid > I ? hid : I;
+    ok = ok && cublasCreate(&c.blas) == CUBLAS_STATUS_SUCCESS && cuda_ok(cudaMalloc(&c.deq, (size_t)most * kmax * 2), "malloc") &&
+         cuda_ok(cudaMalloc(&c.tmp, (size_t)M * most * 4), "malloc");
+    void *dx = nullptr;
+    float *dy = nullptr;
+    __nv_bfloat16 *x = (__nv_bfloat16 *)malloc((size_t)M * kmax * 2);
+    float *y[2] = {(float *)malloc((size_t)M * most * 4), (float *)malloc((size_t)M * most * 4)};
+    for (size_t i = 0; i < (size_t)M * kmax; i++) x[i] = __float2bfloat16_rn(uniform());
+    ok = ok && cuda_ok(cudaMalloc(&dx, (size_t)M * kmax * 2), "malloc") && cuda_ok(cudaMalloc(&dy, (size_t)M * most * 4), "malloc") &&
+         cuda_ok(cudaMemcpy(dx, x, (size_t)M * kmax * 2, cudaMemcpyHostToDevice), "copy");
+    for (int which = 0; ok && which < 2; which++)
+        for (int m : {M, 5}) {
+            const kdt_dlin &u = which ? u_dn : u_gu, &p = which ? p_dn : p_gu;
+            const QMat &q = which ? dn : gu;
+            const int N = u.N, K = u.K;
+            for (int run = 0; ok && run < 2; run++) { /* 0: packed, 1: the checkpoint's layout */
+                kdt_status st = cuda_ok(cudaMemset(dy, 0xFF, (size_t)m * N * 4), "poison") ? KDT_OK : KDT_ERR_CUDA;
+                if (st == KDT_OK) st = kdt_lin(&c, run ? &u : &p, e, m, dx, dy, 0);
+                if (st != KDT_OK) kt_fail("moe_quant lin: kdt_lin: %s", kdt_last_error());
+                ok = st == KDT_OK && cuda_ok(cudaDeviceSynchronize(), "lin") &&
+                     cuda_ok(cudaMemcpy(y[run], dy, (size_t)m * N * 4, cudaMemcpyDeviceToHost), "copy");
+            }
+            if (!ok) break;
+            double ymax = 0, err = 0;
+            for (int r = 0; r < m; r++)
+                for (int n = 0; n < N; n++) {
+                    const float *wr = q.f + ((size_t)e * N + n) * K;
+                    double a = 0;
+                    for (int k = 0; k < K; k++) a += (double)__bfloat162float(x[(size_t)r * K + k]) * wr[k];
+                    ymax = fmax(ymax, fabs(a));
+                    const double d = fabs(y[0][(size_t)r * N + n] - a);
+                    err = d == d ? fmax(err, d) : INFINITY;
+                }
+            const bool same = !memcmp(y[0], y[1], (size_t)m * N * 4);
+            kt_check(err <= 5e-3 * ymax && (m <= KDT_LIN_QGEMM_ROWS || same),
+                     "moe_quant lin: kdt_lin on packed INT4 %s [%d, %d] of expert %d, %d rows: worst |d| %.1e of max |y| %.2e (5e-3 allowed)%s",
+                     which ? "down" : "gate/up", N, K, e, m, err, ymax,
+                     m > KDT_LIN_QGEMM_ROWS ? (same ? ", the same bits as the checkpoint's layout" : ", DIFFERS from the checkpoint's layout") : "");
+        }
+    if (!ok) kt_fail("moe_quant lin: setup or run failed");
+    if (c.blas) cublasDestroy(c.blas);
+    cudaFree(c.deq), cudaFree(c.tmp), cudaFree(dx), cudaFree(dy);
+    for (const kdt_dlin *d : {&p_gu, &p_dn}) cudaFree(d->w[0]), cudaFree(d->scale[0]);
+    free_mat(&gu), free_mat(&dn);
+    free(x), free(y[0]), free(y[1]);
+}
+
 } // namespace
 
 int main() {
@@ -309,6 +380,7 @@ int main() {
         check_pack(48, 384, joint);
         check_pack(2048, 7168, joint); /* a K2.6 expert's gate */
     }
+    check_lin(3, 256, 128, 1);
     for (int packed = 1; packed <= 2; packed++) { /* the packed layouts */
         run_case(true, 1, 4, 16, 256, 128, true, 0, packed);
         run_case(true, 8, 8, 40, 512, 256, false, 8, packed);
