@@ -4,7 +4,8 @@
 # and main's bench_model_quant beside it ($BASE_BUILD/bench/bench_model_quant where that exists, else main
 # from git, that one binary); runs test_moe_quant (the kernels and the packing against the CPU);
 # dev/cuda/moe_quant_bench (one layer's routed experts at R = 1, 8, 32: main's kernel, the library's on the
-# checkpoint's layout and on the packed ones, variants, against the copy ceiling of the same run);
+# checkpoint's layout and on the packed ones, variants, against the copy ceiling of the same run; then, in
+# a process of its own, the bulk-copy experiment's rows);
 # bench_model_quant (K2.6 layout, INT4 experts, 12 layers) at batch 1, 8, 32 for both builds; ncu on the
 # packed kernels at R = 1; test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward) and
 # test_quant_gemm (quant_mma.cuh's other user); then, if time is left, ncu's per-kernel time of one batch-1
@@ -85,6 +86,15 @@ ncu_moe() { # ncu_moe NAME SKIP
 }
 ncu_moe ncu_moe_packed 8
 ncu_moe ncu_moe_joint 16
+
+# An experiment the library does not launch (moe_quant.cu's kBulk: the packed steps in flight in shared
+# memory, filled by bulk copies), in a process of its own (a copy that never lands traps).
+if [ -x "$BUILD/dev/moe_quant_bench" ]; then
+    step moe_quant_bench_exp 20 "$BUILD/dev/moe_quant_bench" --only int4 --exp --out "$OUT/moe_quant_bench_exp.md" --reps 16
+    awk -F'|' '/^\| int4 \|/ { gsub(/^ +| +$/, "", $4); printf "exp %s R=%s %s: %s us (gate/up %s, down %s), %s of copy, ye vs main %s\n", $2, $3, $4, $7, $5, $6, $12, $13 }' \
+        "$OUT/moe_quant_bench_exp.md" 2>/dev/null | grep -v ' main (\| lib' | tr -s ' ' >"$OUT/moe_quant_bench_exp.txt"
+    while read -r l; do note "$l"; done <"$OUT/moe_quant_bench_exp.txt"
+fi
 
 tests test_quant_cuda 30
 tests test_quant_gemm 25  # quant_gemm and kdt_sgemm on quant_mma.cuh's int4 step

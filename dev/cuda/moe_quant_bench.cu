@@ -15,8 +15,9 @@
  * transposed words; packed: kPacked, the same experts repacked by kdt_moe_quant_int4_pack into moe_quant.h's
  * packed layout (joint: kJoint, its joint form); down2: kDown2, down's warps own 32 columns),
  * S (D) warps of a block split gate/up's (down's) K, each lane keeps B bytes of weights in flight beside the
- * step it computes; --exp: INT4 alone, the library's kernels beside kSmem's shared-memory ring (an
- * experiment the library does not launch); "lib" is what kdt_moe_quant launches on the checkpoint's layout,
+ * step it computes; --exp: INT4 alone, the library's kernels beside kBulk's shared-memory rings filled by
+ * bulk copies (an experiment the library does not launch, in a process of its own: a copy that never
+ * lands traps); "lib" is what kdt_moe_quant launches on the checkpoint's layout,
  * "lib, packed" ("packed joint") on the packed layout 1 (2) (one event around both launches: its gate/up column is 0). */
 #include <math.h>
 
@@ -31,7 +32,7 @@ namespace {
 constexpr int kHid = 7168, kInter = 2048, kTopk = 8, kPlans = 8, kMaxR = 32;
 FILE *g_out;
 int g_reps = 24;
-bool g_exp; /* --exp: kSmem's rows alone (INT4) */
+bool g_exp; /* --exp: kBulk's rows (INT4) */
 
 struct Layer {
     bool int4;
@@ -158,7 +159,7 @@ void run_grouped(const Layer &L, const Plans &P, int plan, int R, const Bufs &b,
     auto gu = moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)>;
     auto dn = moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV>;
     constexpr int sm_gu = smem_bytes<kInt4, true, kLaneBytes, (kV & ~kDown2)>(), sm_dn = smem_bytes<kInt4, false, kLaneBytes, kV>();
-    if (sm_gu) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_gu)); /* kSmem: with the static part, past 48 KB */
+    if (sm_gu) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_gu)); /* kBulk: past 48 KB with the deeper rings */
     if (sm_dn) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_dn));
     const int j = (kV & kJoint) ? 1 : 0;
     const kdt_dlin &wgu = kV & kPacked ? L.gu_p[j] : L.gu, &wdn = kV & kPacked ? L.dn_p[j] : L.dn;
@@ -235,17 +236,19 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib<0>, L, P, R, b, ye_base, copy_bw, s);
-        /* moe_quant.cu's variant bits (kDirect 2, kDown2 8, kPacked 32); the library: INT4 kDirect, split 2/1, 64 B on the
+        /* moe_quant.cu's variant bits (kDirect 2, kDown2 8, kPacked 32, kJoint 64, kBulk 128); the library: INT4 kDirect, split 2/1, 64 B on the
          * checkpoint's layout, kPacked, split 2/1, 64 B on the packed one; FP8 kDown2, split 1/1, 128 B */
         if constexpr (kInt4) {
             time_variant("lib, packed", run_lib<1>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("lib, packed joint", run_lib<2>, L, P, R, b, ye_base, copy_bw, s);
-            if (g_exp) { /* --exp: the shared-memory ring (kSmem) beside the library's kernels */
-                time_variant("direct, split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("smem ring, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kSmem>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("smem ring, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kSmem>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("smem ring + down2, split 1/1, 192 B", run_grouped<kInt4, 1, 1, 192, kSmem | kDown2>, L, P, R, b, ye_base, copy_bw,
-                             s);
+            if (g_exp) { /* --exp: the bulk-copy rings (kBulk) beside the register ring on the same layouts */
+                time_variant("packed bulk, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kPacked | kBulk>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("packed joint bulk, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kPacked | kJoint | kBulk>, L, P, R, b, ye_base,
+                             copy_bw, s);
+                time_variant("packed joint bulk, split 2/1, 320 B", run_grouped<kInt4, 2, 1, 320, kPacked | kJoint | kBulk>, L, P, R, b, ye_base,
+                             copy_bw, s);
+                time_variant("packed joint bulk + down2, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kPacked | kJoint | kBulk | kDown2>, L,
+                             P, R, b, ye_base, copy_bw, s);
             } else {
                 time_variant("packed joint, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kPacked | kJoint>, L, P, R, b, ye_base, copy_bw, s);
                 time_variant("packed joint + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kPacked | kJoint | kDown2>, L, P, R, b, ye_base,

@@ -59,38 +59,37 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int 
 
 /* Variants (kV bits; the dev bench times them, docs/perf/quant.md): kDirect (INT4): each lane loads 4 bytes
  * of each of the step's 4 groups, the words int4_step_tiles needs, in place of 16 bytes and the quad's
- * transpose; kDown2: down's warps own 32 columns (warp_cols); kSmem (INT4, an experiment the library does
- * not launch): the ring of steps in shared memory, each lane cp.async-ing its own 16-byte pieces and its
- * rows' 8 bytes of scales a step and reading back only those (no barrier), so that the steps in flight
- * cost no registers; kPacked (INT4): the weights in moe_quant.h's packed layout (kdt_moe_quant_int4_pack), a
- * warp's step of a tile two 512-byte loads of codes and one 128-byte load of its 16 rows' scales, already
- * in the mma's order (no shuffle, no x permute); kPacked | kJoint: the joint packed layout (a block's 128 bytes
- * of scales right after its 1024 of codes, one stream a tile). */
-constexpr int kDirect = 2, kDown2 = 8, kSmem = 16, kPacked = 32, kJoint = 64;
-
-/* n of kBytes (4 or 8; n = 0 .. kBytes, zero-filled past n) from global to shared, through L1 (a row's
- * scales serve the quad's 4 lanes). */
-template <int kBytes>
-__device__ __forceinline__ void cp_ca(void *dst, const void *src, int n) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(kBytes), "r"(n) : "memory");
-}
+ * transpose; kDown2: down's warps own 32 columns (warp_cols); kPacked (INT4): the weights in moe_quant.h's
+ * packed layout (kdt_moe_quant_int4_pack), a warp's step of a tile two 512-byte loads of codes and one
+ * 128-byte load of its 16 rows' scales, already in the mma's order (no shuffle, no x permute); kPacked |
+ * kJoint: the joint packed layout (a block's 128 bytes of scales right after its 1024 of codes, one stream a
+ * tile); kPacked | kBulk (an experiment): the steps in flight in a shared-memory ring a warp, filled by lane
+ * 0's bulk copies (cp.async.bulk, the TMA) of whole blocks, so that they cost no registers. (kSmem, a ring
+ * of per-lane 16-byte cp.async on the checkpoint's layout, measured 39-50% and left: docs/perf/quant.md.) */
+constexpr int kDirect = 2, kDown2 = 8, kPacked = 32, kJoint = 64, kBulk = 128;
 
 /* Output columns a warp of the kernel owns: gate/up 16 (two A tiles, gate and up rows); down 16, or 32
  * with kDown2 (two A tiles of adjacent columns: half the warps, so that at batch 1 a layer's down is one
  * wave of resident warps instead of 1.7). */
 template <bool kGateUp, int kV> constexpr int warp_cols() { return kGateUp || !(kV & kDown2) ? 16 : 32; }
 
-/* kSmem's ring: slots of steps a warp (1 + kLaneBytes / a lane's step bytes, as the register ring), and
- * the block's dynamic shared memory: per warp and slot, kA x 2 rows x 32 lanes of 16 code bytes + 8 scale
- * bytes. */
-template <bool kInt4, bool kGateUp, int kLaneBytes, int kV> constexpr int smem_slots() {
-    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16, kStep = kA * 2 * 16;
+/* kBulk's ring: slots of steps a warp (1 + kLaneBytes / a lane's code bytes of a step, as the register
+ * ring), and the block's dynamic shared memory: an 8-byte mbarrier a slot, then per warp and slot kA
+ * blocks of 1152 bytes (1024 of codes, 128 of scales). */
+template <bool kGateUp, int kLaneBytes, int kV> constexpr int bulk_slots() {
+    constexpr int kStep = (kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16) * 32;
     return 1 + (kLaneBytes / kStep > 1 ? kLaneBytes / kStep : 1);
 }
 template <bool kInt4, bool kGateUp, int kLaneBytes, int kV> constexpr int smem_bytes() {
-    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16;
-    return kInt4 && (kV & kSmem) ? kQWarps * smem_slots<kInt4, kGateUp, kLaneBytes, kV>() * kA * 2 * 32 * 24 : 0;
+    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16, kD = bulk_slots<kGateUp, kLaneBytes, kV>();
+    return kInt4 && (kV & kBulk) ? kQWarps * kD * (8 + kA * 1152) : 0;
+}
+
+/* kBytes (a multiple of 16) from global src to shared dst by the TMA, completing on the mbarrier bar. */
+template <int kBytes>
+__device__ __forceinline__ void bulk_copy(unsigned dst, const void *src, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src),
+                 "n"(kBytes), "r"(bar) : "memory");
 }
 
 /* T at p + kOff, for a step wholly inside K (no bounds check): ld.global.nc with the 256-byte L2 prefetch,
@@ -258,54 +257,58 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         }
     };
 
-    if constexpr (kInt4 && (kV & kSmem)) {
-        static_assert(!(kV & kDirect), "kSmem copies 16-byte pieces (the quad transposes them)");
-        /* n_in % 128 == 0 here (K2.6's sizes: the dev bench's): a row's scales are 8-byte aligned.
-         * Slot d of this warp: codes [kA][2][32] uint4, then scales [kA][2][32] uint2; step s in slot s % kD. */
-        constexpr int kD = smem_slots<kInt4, kGateUp, kLaneBytes, kV>(), kSlot = kA * 2 * 32 * 24;
-        extern __shared__ __align__(16) uint8_t qsm[];
-        uint8_t *const ring = qsm + (size_t)(threadIdx.x / 32) * kD * kSlot;
-        auto codes = [&](int d, int a, int h) { return (uint4 *)(ring + d * kSlot) + (a * 2 + h) * 32 + lane; };
-        auto scales = [&](int d, int a, int h) { return (uint2 *)(ring + d * kSlot + kA * 2 * 32 * 16) + (a * 2 + h) * 32 + lane; };
-        const int lim = n_in / 2;
-        auto issue = [&](int s) {
-            if (s < s_end) {
-                const int o = s * kRowStep, left = ng - 4 * s;
-#pragma unroll
-                for (int a = 0; a < kA; a++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const bool in = o + 16 * t < lim;
-                        cp16<false>(codes(s % kD, a, h), in ? pw[a][h] + o : pw[a][h], in);
-                        cp_ca<8>(scales(s % kD, a, h), ps[a][h] - 2 * t + 8 * s, 2 * (left < 4 ? max(left, 0) : 4));
-                    }
-            }
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        };
-        for (int d = 0; d < kD - 1; d++) issue(s_beg + d);
-        for (int s = s_beg; s < s_end; s++) {
-            issue(s + kD - 1);
-            asm volatile("cp.async.wait_group %0;" ::"n"(kD - 1) : "memory"); /* this lane's copies of step s */
-            const int kb = s * kQStep, d = s % kD;
-            uint4 xv[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int k = kb + 32 * u + 8 * t;
-                xv[u] = xr && k < n_in ? __ldg((const uint4 *)(xr + k)) : make_uint4(0, 0, 0, 0);
-            }
-            uint4 v0[kA], v1[kA];
-            uint2 sc[kA][2];
+    if constexpr (kPk && (kV & kBulk)) {
+        /* Slot d of this warp: kA blocks of 1152 bytes (its 1024 code bytes, then its 128 of scales), step s in
+         * slot (s - s_beg) % kD, completing phase ((s - s_beg) / kD) & 1 of the slot's mbarrier. Lane 0 refills
+         * a slot after the warp has read it into registers (__syncwarp). */
+        constexpr int kD = bulk_slots<kGateUp, kLaneBytes, kV>(), kSlot = kA * 1152;
+        constexpr int kCS = kJt ? 1152 : 1024, kSS = kJt ? 1152 : 128;
+        extern __shared__ __align__(128) uint8_t qsm[];
+        const int warp = threadIdx.x / 32;
+        const unsigned bar0 = (unsigned)__cvta_generic_to_shared(qsm) + 8 * warp * kD;
+        const uint8_t *const ring = qsm + kQWarps * kD * 8 + (size_t)warp * kD * kSlot;
+        const unsigned ring0 = (unsigned)__cvta_generic_to_shared(ring);
+        __syncwarp(); /* the warp's last pass has left its waits */
+        if (lane == 0) {
+            for (int d = 0; d < kD; d++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * d) : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+        auto issue = [&](int s) { /* lane 0 */
+            const int d = (s - s_beg) % kD;
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar0 + 8 * d), "n"(kSlot) : "memory");
 #pragma unroll
             for (int a = 0; a < kA; a++) {
-                v0[a] = *codes(d, a, 0), v1[a] = *codes(d, a, 1);
-                sc[a][0] = *scales(d, a, 0), sc[a][1] = *scales(d, a, 1);
+                const unsigned dst = ring0 + d * kSlot + a * 1152;
+                if constexpr (kJt) bulk_copy<1152>(dst, wr[a] + (size_t)kCS * s, bar0 + 8 * d);
+                else bulk_copy<1024>(dst, wr[a] + (size_t)kCS * s, bar0 + 8 * d), bulk_copy<128>(dst + 1024, sr[a] + (size_t)kSS * s, bar0 + 8 * d);
             }
-            int4_step_tiles<kMT, kA, kInt4Groups>(acc, v0, v1, t, ng - kb / 32, [&](int, int u) { return xv[u]; }, [&](int a, int G, int h) {
-                const uint32_t wd = G < 2 ? sc[a][h].x : sc[a][h].y;
-                return bf16_bits((uint16_t)(G & 1 ? wd >> 16 : wd));
-            });
+        };
+        if (lane == 0)
+            for (int s = s_beg; s < s_end && s < s_beg + kD; s++) issue(s);
+        auto wait = [&](unsigned bar, unsigned parity) { /* for that phase's completion; a copy that never lands traps */
+            for (int i = 0;; i++) {
+                unsigned done;
+                asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                             : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+                if (done) return;
+                if (i > (1 << 22)) __trap();
+            }
+        };
+        for (int s = s_beg; s < s_end; s++) {
+            const int d = (s - s_beg) % kD;
+            wait(bar0 + 8 * d, (unsigned)((s - s_beg) / kD) & 1u);
+            QStage<kInt4, kA, kPk> st;
+#pragma unroll
+            for (int a = 0; a < kA; a++) {
+                const uint8_t *b = ring + d * kSlot + a * 1152;
+                st.w[a][0][0] = *(const uint4 *)(b + 16 * lane), st.w[a][1][0] = *(const uint4 *)(b + 512 + 16 * lane);
+                st.s[a] = *(const uint4 *)(b + 1024 + 16 * g);
+            }
+            compute(st, s);
+            __syncwarp();
+            if (lane == 0 && s + kD < s_end) issue(s + kD);
         }
-        asm volatile("cp.async.wait_all;" ::: "memory"); /* no copy lands after the warp moves on */
     } else {
         /* A slot is refilled as soon as its step is computed (no copy of it: the registers are the ring's). */
         QStage<kInt4, kA, kPk> ring[kU];
