@@ -25,7 +25,8 @@ MAKEVARS=(BUILD="$BUILD" CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
 source scripts/gpu_deps.sh
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | head -1)"
 
-# The baseline: main's bench_model_quant (only the library differs where this tree's bench source is main's).
+# The baseline: main's library under this tree's bench_model_quant.cu (with $BASE_BUILD, main's bench: its
+# floor columns are main's).
 T="$BUILD/tests" B="$BUILD/bench/bench_model_quant"
 BASE=/tmp/kdt-moe-quant-base
 base_pid=
@@ -36,7 +37,8 @@ else
     BB="$BASE/$BUILD/bench/bench_model_quant"
     rm -rf "$BASE" && mkdir -p "$BASE"
     if git rev-parse -q --verify main >/dev/null 2>&1 && git archive main | tar -x -C "$BASE"; then
-        note "baseline: main $(git rev-parse --short main), built here"
+        cp bench/bench_model_quant.cu bench/bench_common.h "$BASE/bench/"  # this tree's floor
+        note "baseline: main $(git rev-parse --short main) with this tree's bench_model_quant.cu, built here"
         (cd "$BASE" && timeout 80 make -j8 "${MAKEVARS[@]}" "$BUILD/bench/bench_model_quant" >"$LOGS/build_base.log" 2>&1) &
         base_pid=$!
     else note "baseline: none (no main in git)"; fi
@@ -68,7 +70,7 @@ bench() { # bench NAME BIN ARGS...: bench_model_quant's rows "| B | ms | tok/s |
     local name=$1 bin=$2; shift 2
     [ -x "$bin" ] || { note "$name: FAIL (not built)"; return; }
     step "$name" 30 "$bin" --out "$OUT/$name.md" "$@"
-    note "$name: $(awk -F'|' '/^\| (1|8|32) \|/ { gsub(/ /, ""); printf "B=%s %s ms (%sx floor); ", $2, $3, $7 }' "$OUT/$name.md" 2>/dev/null)"
+    note "$name: $(awk -F'|' '/^\| (1|8|32) \|/ { gsub(/ /, ""); printf "B=%s %s ms (%sx floor, %sx uniform routing); ", $2, $3, $7, $11 }' "$OUT/$name.md" 2>/dev/null)"
 }
 bench bmq_int4_new "$B" --only int4 --gb "$GB" --decode 16
 bench bmq_int4_base "$BB" --only int4 --gb "$GB" --decode 16

@@ -387,6 +387,7 @@ int main() {
         run_case(true, 24, 2, 10, 128, 384, true, 20, packed);
         run_case(true, 40, 6, 64, 384, 128, true, 17, packed);
         run_case(true, 1, 3, 5, 7168, 2048, true, 0, packed);
+        run_case(true, 40, 8, 64, 128, 640, true, 3, packed); /* 64 experts x 10 column blocks: gate/up's K unsplit */
     }
     return kt_exit_code();
 }

@@ -237,7 +237,7 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
         time_variant("lib", run_lib<0>, L, P, R, b, ye_base, copy_bw, s);
         /* moe_quant.cu's variant bits (kDirect 2, kDown2 8, kPacked 32, kJoint 64, kBulk 128); the library: INT4 kDirect, split 2/1, 64 B on the
-         * checkpoint's layout, kPacked, split 2/1, 64 B on the packed one; FP8 kDown2, split 1/1, 128 B */
+         * checkpoint's layout, kPacked | kDown2, split 2/1 (R = 1) or 1/1, 64 B on the packed one; FP8 kDown2, split 1/1, 128 B */
         if constexpr (kInt4) {
             time_variant("lib, packed", run_lib<1>, L, P, R, b, ye_base, copy_bw, s);
             time_variant("lib, packed joint", run_lib<2>, L, P, R, b, ye_base, copy_bw, s);
@@ -256,6 +256,7 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
                 time_variant("packed, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kPacked>, L, P, R, b, ye_base, copy_bw, s);
                 time_variant("packed + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kPacked | kDown2>, L, P, R, b, ye_base, copy_bw, s);
                 time_variant("packed, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kPacked>, L, P, R, b, ye_base, copy_bw, s);
+                time_variant("packed + down2, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kPacked | kDown2>, L, P, R, b, ye_base, copy_bw, s);
                 time_variant("packed, split 4/2, 64 B", run_grouped<kInt4, 4, 2, 64, kPacked>, L, P, R, b, ye_base, copy_bw, s);
             }
         } else {
