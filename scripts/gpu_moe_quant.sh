@@ -4,8 +4,7 @@
 # and main's bench_model_quant beside it ($BASE_BUILD/bench/bench_model_quant where that exists, else main
 # from git, that one binary); runs test_moe_quant (the kernels and the packing against the CPU);
 # dev/cuda/moe_quant_bench (one layer's routed experts at R = 1, 8, 32: main's kernel, the library's on the
-# checkpoint's layout and on the packed ones, variants, against the copy ceiling of the same run; then, in
-# a process of its own, the bulk-copy experiment's rows);
+# checkpoint's layout and on the packed one, variants, against the copy ceiling of the same run);
 # bench_model_quant (K2.6 layout, INT4 experts, 12 layers) at batch 1, 8, 32 for both builds; ncu on the
 # packed kernels at R = 1; test_quant_cuda (FP8 and K2.6-INT4 fixtures through the forward) and
 # test_quant_gemm (quant_mma.cuh's other user); then, if time is left, ncu's per-kernel time of one batch-1
@@ -70,13 +69,13 @@ bench() { # bench NAME BIN ARGS...: bench_model_quant's rows "| B | ms | tok/s |
     local name=$1 bin=$2; shift 2
     [ -x "$bin" ] || { note "$name: FAIL (not built)"; return; }
     step "$name" 30 "$bin" --out "$OUT/$name.md" "$@"
-    note "$name: $(awk -F'|' '/^\| (1|8|32) \|/ { gsub(/ /, ""); printf "B=%s %s ms (%sx floor, %sx uniform routing); ", $2, $3, $7, $11 }' "$OUT/$name.md" 2>/dev/null)"
+    note "$name: $(awk -F'|' '/^\| (1|8|32) \|/ { gsub(/ /, ""); printf "B=%s %s ms (%sx floor, %s experts a layer; %sx uniform routing); ", $2, $3, $7, $10, $12 }' "$OUT/$name.md" 2>/dev/null)"
 }
 bench bmq_int4_new "$B" --only int4 --gb "$GB" --decode 16
 bench bmq_int4_base "$BB" --only int4 --gb "$GB" --decode 16
 
 # ncu on the grouped kernels at R = 1 (the dev bench's K2.6 INT4 calls; --reps 1: a variant is 4 calls of
-# 2 launches, so "lib" is launches 0-7, "lib, packed" 8-15, "lib, packed joint" 16-23).
+# 2 launches, so "lib" is launches 0-7, "lib, packed" 8-15).
 ncu_moe() { # ncu_moe NAME SKIP
     command -v ncu >/dev/null && [ -x "$BUILD/dev/moe_quant_bench" ] || return
     step "$1" 20 ncu --clock-control none --cache-control none -k regex:moe_quant_kernel --launch-skip "$2" -c 2 --section Occupancy \
@@ -87,16 +86,6 @@ ncu_moe() { # ncu_moe NAME SKIP
     while read -r l; do note "$1: $l"; done <"$OUT/$1.txt"
 }
 ncu_moe ncu_moe_packed 8
-ncu_moe ncu_moe_joint 16
-
-# An experiment the library does not launch (moe_quant.cu's kBulk: the packed steps in flight in shared
-# memory, filled by bulk copies), in a process of its own (a copy that never lands traps).
-if [ -x "$BUILD/dev/moe_quant_bench" ]; then
-    step moe_quant_bench_exp 20 "$BUILD/dev/moe_quant_bench" --only int4 --exp --out "$OUT/moe_quant_bench_exp.md" --reps 16
-    awk -F'|' '/^\| int4 \|/ { gsub(/^ +| +$/, "", $4); printf "exp %s R=%s %s: %s us (gate/up %s, down %s), %s of copy, ye vs main %s\n", $2, $3, $4, $7, $5, $6, $12, $13 }' \
-        "$OUT/moe_quant_bench_exp.md" 2>/dev/null | grep -v ' main (\| lib' | tr -s ' ' >"$OUT/moe_quant_bench_exp.txt"
-    while read -r l; do note "$l"; done <"$OUT/moe_quant_bench_exp.txt"
-fi
 
 tests test_quant_cuda 30
 tests test_quant_gemm 25  # quant_gemm and kdt_sgemm on quant_mma.cuh's int4 step

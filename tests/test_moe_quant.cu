@@ -11,8 +11,8 @@
  * kdt_moe_quant_int4_pack's output read back and decoded here from moe_quant.h's description must give
  * every code (nibble, stored + 8) and every scale of the checkpoint's layout, and the same dequantized
  * values as the CPU's dequantizer, as must kdt_moe_quant_int4_dequant's bf16 (rounded from them); the
- * packed cases of layout 1 are packed in place by the loader's kdt_cuda_pack_experts. Without a CUDA
- * device it prints a SKIP line. */
+ * packed cases are packed in place by the loader's kdt_cuda_pack_experts. Without a CUDA device it prints
+ * a SKIP line. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,28 +77,14 @@ bool make_mat(bool int4, int E, int rows, int cols, QMat *m) {
     return ok;
 }
 
-/* m's device codes and scales (E matrices [rows, cols]) replaced by the joint packed layout (one array). */
-bool pack_joint(QMat *m, int E, int rows, int cols) {
-    void *w = nullptr;
-    const size_t n = (size_t)E * rows;
-    bool ok = cuda_ok(cudaMalloc(&w, n * (cols / 2 + cols / 16)), "malloc");
-    const kdt_status st = ok ? kdt_moe_quant_int4_pack(w, nullptr, m->w, m->s, (int64_t)n, cols, 0) : KDT_OK;
-    if (st != KDT_OK) kt_fail("moe_quant: pack: %s", kdt_last_error());
-    ok = ok && st == KDT_OK && cuda_ok(cudaDeviceSynchronize(), "pack");
-    cudaFree(m->w), cudaFree(m->s);
-    m->w = w, m->s = nullptr;
-    return ok;
-}
-
 void free_mat(QMat *m) {
     cudaFree(m->w);
     cudaFree(m->s);
     free(m->f);
 }
 
-kdt_dlin dlin(bool int4, int E, int N, int K, int N0, const QMat &a, const QMat *b, int packed) {
+kdt_dlin dlin(bool int4, int E, int N, int K, int N0, const QMat &a, const QMat *b) {
     kdt_dlin d{};
-    d.packed = packed;
     d.fmt = int4 ? KDT_WFMT_INT4 : KDT_WFMT_FP8;
     d.N = N, d.K = K, d.n = E, d.N0 = N0, d.parts = b ? 2 : 1;
     d.w[0] = a.w, d.scale[0] = a.s;
@@ -107,10 +93,10 @@ kdt_dlin dlin(bool int4, int E, int N, int K, int N0, const QMat &a, const QMat 
 }
 
 /* One case: R rows of hid, K of E experts each (row r's first expert is `hot` for r < hot_rows), I. */
-void run_case(bool int4, int R, int K, int E, int hid, int I, bool two_parts, int hot_rows, int packed = 0) {
+void run_case(bool int4, int R, int K, int E, int hid, int I, bool two_parts, int hot_rows, bool packed = false) {
     char name[160];
-    snprintf(name, sizeof name, "moe_quant %s%s R %d K %d E %d hid %d I %d%s", int4 ? "int4" : "fp8",
-             packed == 2 ? " packed joint" : packed ? " packed" : "", R, K, E, hid, I, two_parts ? "" : " (gate/up one part)");
+    snprintf(name, sizeof name, "moe_quant %s%s R %d K %d E %d hid %d I %d%s", int4 ? "int4" : "fp8", packed ? " packed" : "", R, K, E, hid,
+             I, two_parts ? "" : " (gate/up one part)");
     /* Routing: K distinct experts a row; experts E - 2 and E - 1 never chosen (rows 0). */
     const int n = R * K, Eu = E - 2;
     int *idx = (int *)malloc(n * sizeof(int));
@@ -139,13 +125,9 @@ void run_case(bool int4, int R, int K, int E, int hid, int I, bool two_parts, in
     QMat g, u, gu, dn;
     bool ok = two_parts ? make_mat(int4, E, I, hid, &g) && make_mat(int4, E, I, hid, &u) : make_mat(int4, E, 2 * I, hid, &gu);
     ok = ok && make_mat(int4, E, hid, I, &dn);
-    if (packed == 2) /* joint: new arrays */
-        ok = ok && (two_parts ? pack_joint(&g, E, I, hid) && pack_joint(&u, E, I, hid) : pack_joint(&gu, E, 2 * I, hid)) &&
-             pack_joint(&dn, E, hid, I);
-    const int pk = packed == 2 ? 2 : 0;
-    kdt_dlin d_gu = two_parts ? dlin(int4, E, 2 * I, hid, I, g, &u, pk) : dlin(int4, E, 2 * I, hid, 2 * I, gu, nullptr, pk);
-    kdt_dlin d_dn = dlin(int4, E, hid, I, hid, dn, nullptr, pk);
-    if (ok && packed == 1) { /* in place, as the loader packs them */
+    kdt_dlin d_gu = two_parts ? dlin(int4, E, 2 * I, hid, I, g, &u) : dlin(int4, E, 2 * I, hid, 2 * I, gu, nullptr);
+    kdt_dlin d_dn = dlin(int4, E, hid, I, hid, dn, nullptr);
+    if (ok && packed) { /* in place, as the loader packs them */
         const kdt_status st = kdt_cuda_pack_experts(&d_gu, &d_dn);
         if (st != KDT_OK) kt_fail("%s: kdt_cuda_pack_experts: %s", name, kdt_last_error());
         if (st == KDT_OK && !(d_gu.packed == 1 && d_dn.packed == 1)) kt_fail("%s: kdt_cuda_pack_experts left them unpacked", name);
@@ -224,10 +206,10 @@ void run_case(bool int4, int R, int K, int E, int hid, int I, bool two_parts, in
 }
 
 /* kdt_moe_quant_int4_pack on random codes and scales of [rows, K], every byte of the output poisoned first,
- * decoded here from moe_quant.h's description of the layout (joint: packed layout 2). */
-void check_pack(int rows, int K, bool joint) {
+ * decoded here from moe_quant.h's description of the layout. */
+void check_pack(int rows, int K) {
     const size_t cb = (size_t)rows * K / 2, ns = (size_t)rows * (K / 32), S = K / 128;
-    uint8_t *w = (uint8_t *)malloc(cb), *pw = (uint8_t *)malloc(cb + ns * 2);
+    uint8_t *w = (uint8_t *)malloc(cb), *pw = (uint8_t *)malloc(cb);
     uint16_t *sc = (uint16_t *)malloc(ns * 2), *ps = (uint16_t *)malloc(ns * 2);
     float *f = (float *)malloc((size_t)rows * K * sizeof(float));
     for (size_t i = 0; i < cb; i++) w[i] = (uint8_t)rand32();
@@ -237,21 +219,19 @@ void check_pack(int rows, int K, bool joint) {
     }
     kdt_dequant_int4(w, sc, rows, K, 32, f);
     void *dw[2] = {}, *ds[2] = {};
-    const size_t pb = joint ? cb + ns * 2 : cb; /* the packed codes array's bytes */
-    bool ok = cuda_ok(cudaMalloc(&dw[0], cb), "malloc") && cuda_ok(cudaMalloc(&dw[1], pb), "malloc") &&
+    bool ok = cuda_ok(cudaMalloc(&dw[0], cb), "malloc") && cuda_ok(cudaMalloc(&dw[1], cb), "malloc") &&
               cuda_ok(cudaMalloc(&ds[0], ns * 2), "malloc") && cuda_ok(cudaMalloc(&ds[1], ns * 2), "malloc") &&
               cuda_ok(cudaMemcpy(dw[0], w, cb, cudaMemcpyHostToDevice), "copy") &&
-              cuda_ok(cudaMemcpy(ds[0], sc, ns * 2, cudaMemcpyHostToDevice), "copy") && cuda_ok(cudaMemset(dw[1], 0xA5, pb), "poison") &&
+              cuda_ok(cudaMemcpy(ds[0], sc, ns * 2, cudaMemcpyHostToDevice), "copy") && cuda_ok(cudaMemset(dw[1], 0xA5, cb), "poison") &&
               cuda_ok(cudaMemset(ds[1], 0xFF, ns * 2), "poison");
-    const kdt_status st = ok ? kdt_moe_quant_int4_pack(dw[1], joint ? nullptr : ds[1], dw[0], ds[0], rows, K, 0) : KDT_OK;
+    const kdt_status st = ok ? kdt_moe_quant_int4_pack(dw[1], ds[1], dw[0], ds[0], rows, K, 0) : KDT_OK;
     if (st != KDT_OK) kt_fail("moe_quant pack: %s", kdt_last_error());
-    ok = ok && st == KDT_OK && cuda_ok(cudaMemcpy(pw, dw[1], pb, cudaMemcpyDeviceToHost), "copy") &&
+    ok = ok && st == KDT_OK && cuda_ok(cudaMemcpy(pw, dw[1], cb, cudaMemcpyDeviceToHost), "copy") &&
          cuda_ok(cudaMemcpy(ps, ds[1], ns * 2, cudaMemcpyDeviceToHost), "copy");
-    const size_t blk = joint ? 1152 : 1024; /* a block's bytes in the codes array */
     /* the per-expert products' dequantizer on the packed layout: the CPU's values rounded to bf16 */
     kdt_dlin d{};
-    d.fmt = KDT_WFMT_INT4, d.N = d.N0 = rows, d.K = K, d.n = d.parts = 1, d.packed = joint ? 2 : 1;
-    d.w[0] = dw[1], d.scale[0] = joint ? nullptr : ds[1];
+    d.fmt = KDT_WFMT_INT4, d.N = d.N0 = rows, d.K = K, d.n = d.parts = 1, d.packed = 1;
+    d.w[0] = dw[1], d.scale[0] = ds[1];
     void *dq = nullptr;
     __nv_bfloat16 *q = (__nv_bfloat16 *)malloc((size_t)rows * K * 2);
     ok = ok && cuda_ok(cudaMalloc(&dq, (size_t)rows * K * 2), "malloc") && cuda_ok(cudaMemset(dq, 0xFF, (size_t)rows * K * 2), "poison");
@@ -264,9 +244,9 @@ void check_pack(int rows, int K, bool joint) {
             /* block (tile r / 16, step k / 128); lane 4g + t, h, word G, value j of the lane's 8 */
             const size_t b = (size_t)(r / 16) * S + k / 128;
             const int g = r % 8, h = r % 16 / 8, G = k % 128 / 32, t = k % 32 / 8, j = k % 8;
-            const uint32_t *word = (const uint32_t *)(pw + b * blk) + h * 128 + (4 * g + t) * 4 + G;
+            const uint32_t *word = (const uint32_t *)pw + b * 256 + h * 128 + (4 * g + t) * 4 + G;
             const int nib = (int)(*word >> (4 * (j % 2 ? 4 + j / 2 : j / 2)) & 15u);
-            const uint16_t s16 = (joint ? (const uint16_t *)(pw + b * blk + 1024) : ps + b * 64)[g * 8 + G * 2 + h];
+            const uint16_t s16 = ps[b * 64 + g * 8 + G * 2 + h];
             bad_code += nib != (w[((size_t)r * K + k) / 2] >> (4 * (k % 2)) & 15);
             bad_scale += k % 32 == 0 && s16 != sc[(size_t)r * (K / 32) + k / 32];
             const uint32_t sbits = (uint32_t)s16 << 16;
@@ -278,10 +258,10 @@ void check_pack(int rows, int K, bool joint) {
             bad_bf16 += memcmp(&want, &q[(size_t)r * K + k], 2) != 0;
         }
     if (ok)
-        kt_check(!bad_code && !bad_scale && !bad_value && !bad_bf16, "moe_quant int4 pack%s [%d, %d]: %zu of %zu codes, %zu of %zu scales, "
+        kt_check(!bad_code && !bad_scale && !bad_value && !bad_bf16, "moe_quant int4 pack [%d, %d]: %zu of %zu codes, %zu of %zu scales, "
                  "%zu values differ from the checkpoint's layout (CPU dequantizer); kdt_moe_quant_int4_dequant: %zu bf16 values differ",
-                 joint ? " joint" : "", rows, K, bad_code, (size_t)rows * K, bad_scale, ns, bad_value, bad_bf16);
-    else kt_fail("moe_quant int4 pack%s [%d, %d]: setup or run failed", joint ? " joint" : "", rows, K);
+                 rows, K, bad_code, (size_t)rows * K, bad_scale, ns, bad_value, bad_bf16);
+    else kt_fail("moe_quant int4 pack [%d, %d]: setup or run failed", rows, K);
     for (int i = 0; i < 2; i++) cudaFree(dw[i]), cudaFree(ds[i]);
     cudaFree(dq);
     free(w), free(pw), free(sc), free(ps), free(f), free(q);
@@ -295,7 +275,7 @@ void check_pack(int rows, int K, bool joint) {
 void check_lin(int E, int hid, int I, int e) {
     QMat gu, dn;
     bool ok = make_mat(true, E, 2 * I, hid, &gu) && make_mat(true, E, hid, I, &dn);
-    kdt_dlin u_gu = dlin(true, E, 2 * I, hid, 2 * I, gu, nullptr, 0), u_dn = dlin(true, E, hid, I, hid, dn, nullptr, 0);
+    kdt_dlin u_gu = dlin(true, E, 2 * I, hid, 2 * I, gu, nullptr), u_dn = dlin(true, E, hid, I, hid, dn, nullptr);
     kdt_dlin p_gu = u_gu, p_dn = u_dn; /* copies of the device arrays, then packed */
     for (kdt_dlin *d : {&p_gu, &p_dn}) {
         const size_t rows = (size_t)E * d->N;
@@ -376,18 +356,15 @@ int main() {
     run_case(false, 20, 4, 24, 128, 208, true, 18);
     run_case(true, 1, 3, 5, 7168, 2048, true, 0);  /* Kimi K2.6's expert sizes */
     run_case(false, 2, 3, 5, 7168, 512, true, 0);
-    for (int joint = 0; joint < 2; joint++) {
-        check_pack(48, 384, joint);
-        check_pack(2048, 7168, joint); /* a K2.6 expert's gate */
-    }
+    check_pack(48, 384);
+    check_pack(2048, 7168); /* a K2.6 expert's gate */
     check_lin(3, 256, 128, 1);
-    for (int packed = 1; packed <= 2; packed++) { /* the packed layouts */
-        run_case(true, 1, 4, 16, 256, 128, true, 0, packed);
-        run_case(true, 8, 8, 40, 512, 256, false, 8, packed);
-        run_case(true, 24, 2, 10, 128, 384, true, 20, packed);
-        run_case(true, 40, 6, 64, 384, 128, true, 17, packed);
-        run_case(true, 1, 3, 5, 7168, 2048, true, 0, packed);
-        run_case(true, 40, 8, 64, 128, 640, true, 3, packed); /* 64 experts x 10 column blocks: gate/up's K unsplit */
-    }
+    /* the packed layout (packed in place by kdt_cuda_pack_experts) */
+    run_case(true, 1, 4, 16, 256, 128, true, 0, true);
+    run_case(true, 8, 8, 40, 512, 256, false, 8, true);
+    run_case(true, 24, 2, 10, 128, 384, true, 20, true);
+    run_case(true, 40, 6, 64, 384, 128, true, 17, true);
+    run_case(true, 1, 3, 5, 7168, 2048, true, 0, true);
+    run_case(true, 40, 8, 64, 128, 640, true, 3, true); /* 64 experts x 10 column blocks: gate/up's K unsplit */
     return kt_exit_code();
 }

@@ -9,16 +9,14 @@
  * and the variant's ye against main's kernel's (max |d| over max |ye|, on the first routing).
  *
  *   make BUILD=build build/dev/moe_quant_bench   (sm_90a; links build/libkdt.a)
- *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8] [--exp]
+ *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]
  *
  * Variants: "bits, split S/D, B bytes": moe_quant.cu's variant bits (direct: kDirect, INT4's lanes load the
  * transposed words; packed: kPacked, the same experts repacked by kdt_moe_quant_int4_pack into moe_quant.h's
- * packed layout (joint: kJoint, its joint form); down2: kDown2, down's warps own 32 columns),
+ * packed layout, as the loader holds them; down2: kDown2, down's warps own 32 columns),
  * S (D) warps of a block split gate/up's (down's) K, each lane keeps B bytes of weights in flight beside the
- * step it computes; --exp: INT4 alone, the library's kernels beside kBulk's shared-memory rings filled by
- * bulk copies (an experiment the library does not launch, in a process of its own: a copy that never
- * lands traps); "lib" is what kdt_moe_quant launches on the checkpoint's layout,
- * "lib, packed" ("packed joint") on the packed layout 1 (2) (one event around both launches: its gate/up column is 0). */
+ * step it computes; "lib" is what kdt_moe_quant launches on the checkpoint's layout, "lib, packed" on the
+ * packed one (one event around both launches: its gate/up column is 0). */
 #include <math.h>
 
 #include <algorithm>
@@ -32,13 +30,12 @@ namespace {
 constexpr int kHid = 7168, kInter = 2048, kTopk = 8, kPlans = 8, kMaxR = 32;
 FILE *g_out;
 int g_reps = 24;
-bool g_exp; /* --exp: kBulk's rows (INT4) */
 
 struct Layer {
     bool int4;
     int E;
     kdt_dlin gu, dn;
-    kdt_dlin gu_p[2], dn_p[2]; /* INT4: the same experts in the packed layouts 1 and 2 (kdt_moe_quant_int4_pack) */
+    kdt_dlin gu_p, dn_p; /* INT4: the same experts in the packed layout (kdt_moe_quant_int4_pack) */
     double expert_bytes; /* codes + scales of one expert's gate, up and down */
 };
 
@@ -61,16 +58,15 @@ Layer make_layer(bool int4, int E) {
     fill_part(int4, E, kInter, kHid, &L.gu.w[0], &L.gu.scale[0], 11);
     fill_part(int4, E, kInter, kHid, &L.gu.w[1], &L.gu.scale[1], 23);
     fill_part(int4, E, kHid, kInter, &L.dn.w[0], &L.dn.scale[0], 37);
-    for (int j = 0; int4 && j < 2; j++) {
-        L.gu_p[j] = L.gu, L.dn_p[j] = L.dn;
-        for (kdt_dlin *d : {&L.gu_p[j], &L.dn_p[j]}) {
-            d->packed = 1 + j;
-            const kdt_dlin &o = d == &L.gu_p[j] ? L.gu : L.dn;
+    if (int4) {
+        L.gu_p = L.gu, L.dn_p = L.dn;
+        for (kdt_dlin *d : {&L.gu_p, &L.dn_p}) {
+            d->packed = 1;
+            const kdt_dlin &o = d == &L.gu_p ? L.gu : L.dn;
             for (int p = 0; p < d->parts; p++) {
                 const int64_t rows = (int64_t)E * kdt_dlin_rows(d, p);
-                CK(cudaMalloc(&d->w[p], rows * (d->K / 2 + (j ? d->K / 16 : 0))));
-                d->scale[p] = nullptr;
-                if (!j) CK(cudaMalloc(&d->scale[p], rows * (d->K / 32) * 2));
+                CK(cudaMalloc(&d->w[p], rows * d->K / 2));
+                CK(cudaMalloc(&d->scale[p], rows * (d->K / 32) * 2));
                 KCK(kdt_moe_quant_int4_pack(d->w[p], d->scale[p], o.w[p], o.scale[p], rows, d->K, 0));
             }
         }
@@ -82,7 +78,7 @@ Layer make_layer(bool int4, int E) {
 }
 
 void free_layer(Layer &L) {
-    for (const kdt_dlin *d : {&L.gu, &L.dn, &L.gu_p[0], &L.dn_p[0], &L.gu_p[1], &L.dn_p[1]})
+    for (const kdt_dlin *d : {&L.gu, &L.dn, &L.gu_p, &L.dn_p})
         for (void *p : {d->w[0], d->w[1], d->scale[0], d->scale[1]}) CK(cudaFree(p)); /* cudaFree(NULL): no-op */
 }
 
@@ -158,23 +154,18 @@ void run_grouped(const Layer &L, const Plans &P, int plan, int R, const Bufs &b,
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * warp_cols<false, kV>();
     auto gu = moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)>;
     auto dn = moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV>;
-    constexpr int sm_gu = smem_bytes<kInt4, true, kLaneBytes, (kV & ~kDown2)>(), sm_dn = smem_bytes<kInt4, false, kLaneBytes, kV>();
-    if (sm_gu) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_gu)); /* kBulk: past 48 KB with the deeper rings */
-    if (sm_dn) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_dn));
-    const int j = (kV & kJoint) ? 1 : 0;
-    const kdt_dlin &wgu = kV & kPacked ? L.gu_p[j] : L.gu, &wdn = kV & kPacked ? L.dn_p[j] : L.dn;
-    gu<<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, sm_gu, s>>>(b.x, pm, kTopk, c, o, L.E, wquant<kInt4>(&wgu), kHid, kInter,
+    const kdt_dlin &wgu = kV & kPacked ? L.gu_p : L.gu, &wdn = kV & kPacked ? L.dn_p : L.dn;
+    gu<<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(b.x, pm, kTopk, c, o, L.E, wquant<kInt4>(&wgu), kHid, kInter,
                                                                                 b.act);
     CK(cudaEventRecord(mid, s));
-    dn<<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, sm_dn, s>>>(b.act, nullptr, kTopk, c, o, L.E, wquant<kInt4>(&wdn), kInter,
+    dn<<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, 0, s>>>(b.act, nullptr, kTopk, c, o, L.E, wquant<kInt4>(&wdn), kInter,
                                                                               kHid, b.ye);
 }
-template <int kPk> /* 0: the checkpoint's layout, else packed layout kPk */
+template <bool kPk> /* the packed layout, or the checkpoint's */
 void run_lib(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
     const int32_t *c = P.counts(plan);
     CK(cudaEventRecord(mid, s)); /* one call: the split is not seen */
-    KCK(kdt_moe_quant(R, b.x, c + 2 * L.E, kTopk, c, c + L.E, kPk ? &L.gu_p[kPk - 1] : &L.gu, kPk ? &L.dn_p[kPk - 1] : &L.dn, kHid, kInter,
-                      b.act, b.ye, s));
+    KCK(kdt_moe_quant(R, b.x, c + 2 * L.E, kTopk, c, c + L.E, kPk ? &L.gu_p : &L.gu, kPk ? &L.dn_p : &L.dn, kHid, kInter, b.act, b.ye, s));
 }
 
 void time_variant(const char *name, VariantFn fn, const Layer &L, const Plans &P, int R, const Bufs &b, const float *ye_base,
@@ -235,30 +226,15 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaMemcpy(ye_base, b.ye, ye_n * 4, cudaMemcpyDeviceToHost));
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("lib", run_lib<0>, L, P, R, b, ye_base, copy_bw, s);
-        /* moe_quant.cu's variant bits (kDirect 2, kDown2 8, kPacked 32, kJoint 64, kBulk 128); the library: INT4 kDirect, split 2/1, 64 B on the
+        time_variant("lib", run_lib<false>, L, P, R, b, ye_base, copy_bw, s);
+        /* moe_quant.cu's variant bits (kDirect 2, kDown2 8, kPacked 32); the library: INT4 kDirect, split 2/1, 64 B on the
          * checkpoint's layout, kPacked | kDown2, split 2/1 (R = 1) or 1/1, 64 B on the packed one; FP8 kDown2, split 1/1, 128 B */
         if constexpr (kInt4) {
-            time_variant("lib, packed", run_lib<1>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("lib, packed joint", run_lib<2>, L, P, R, b, ye_base, copy_bw, s);
-            if (g_exp) { /* --exp: the bulk-copy rings (kBulk) beside the register ring on the same layouts */
-                time_variant("packed bulk, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kPacked | kBulk>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("packed joint bulk, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kPacked | kJoint | kBulk>, L, P, R, b, ye_base,
-                             copy_bw, s);
-                time_variant("packed joint bulk, split 2/1, 320 B", run_grouped<kInt4, 2, 1, 320, kPacked | kJoint | kBulk>, L, P, R, b, ye_base,
-                             copy_bw, s);
-                time_variant("packed joint bulk + down2, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kPacked | kJoint | kBulk | kDown2>, L,
-                             P, R, b, ye_base, copy_bw, s);
-            } else {
-                time_variant("packed joint, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kPacked | kJoint>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("packed joint + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kPacked | kJoint | kDown2>, L, P, R, b, ye_base,
-                             copy_bw, s);
-                time_variant("packed, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kPacked>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("packed + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kPacked | kDown2>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("packed, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kPacked>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("packed + down2, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kPacked | kDown2>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("packed, split 4/2, 64 B", run_grouped<kInt4, 4, 2, 64, kPacked>, L, P, R, b, ye_base, copy_bw, s);
-            }
+            time_variant("lib, packed", run_lib<true>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("packed, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kPacked>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("packed + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kPacked | kDown2>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("packed, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kPacked>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("packed + down2, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kPacked | kDown2>, L, P, R, b, ye_base, copy_bw, s);
         } else {
             time_variant("down2, split 1/1, 128 B (lib)", run_grouped<kInt4, 1, 1, 128, kDown2>, L, P, R, b, ye_base, copy_bw, s);
         }
@@ -276,9 +252,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-        else if (!strcmp(argv[i], "--exp")) g_exp = true;
         else {
-            fprintf(stderr, "usage: moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8] [--exp]\n");
+            fprintf(stderr, "usage: moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]\n");
             return 2;
         }
     }

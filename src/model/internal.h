@@ -66,7 +66,7 @@ typedef struct kdt_dlin {
 #ifdef __cplusplus
     int32_t packed = 0;          /* (C++ aggregate initializers that stop before it: 0, without -Wextra's warning) */
 #else
-    int32_t packed;              /* INT4 routed experts in moe_quant's tile layouts, 1 or 2 (src/model/cuda/moe_quant.h) */
+    int32_t packed;              /* 1: INT4 routed experts in moe_quant's packed layout (src/model/cuda/moe_quant.h) */
 #endif
 } kdt_dlin;
 

@@ -33,9 +33,9 @@ constexpr int kQCols = 16;   /* output columns a warp */
 constexpr int kQStep = 128;  /* k per step: one FP8 block column, four INT4 groups */
 constexpr int kScan = 12;    /* expert counts a lane reads per round: 384 experts in one round trip */
 
-/* The j-th expert with rows (counts [E] > 0) in expert order, or -1, and its count in *cnt (so the
- * block's branch on it waits for no second load); every lane of the warp gets both. */
-__device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int *cnt) {
+/* The j-th expert with rows (counts [E] > 0) in expert order, or -1, its count in *cnt (so the block's
+ * branch on it waits for no second load) and the experts with rows in *active; every lane gets them. */
+__device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int *cnt, int *active) {
     const int lane = threadIdx.x & 31;
     int seen = 0, found = -1;
     for (int base = 0; base < E; base += 32 * kScan) {
@@ -54,43 +54,26 @@ __device__ int nth_active(const int32_t *__restrict__ counts, int E, int j, int 
             seen += n;
         }
     }
+    *active = seen;
     return found;
 }
+
+/* Experts with rows, summed over the gate/up launches since kdt_moe_quant_experts_read last read it. */
+__device__ unsigned long long g_experts_read;
 
 /* Variants (kV bits; the dev bench times them, docs/perf/quant.md): kDirect (INT4): each lane loads 4 bytes
  * of each of the step's 4 groups, the words int4_step_tiles needs, in place of 16 bytes and the quad's
  * transpose; kDown2: down's warps own 32 columns (warp_cols); kPacked (INT4): the weights in moe_quant.h's
  * packed layout (kdt_moe_quant_int4_pack), a warp's step of a tile two 512-byte loads of codes and one
- * 128-byte load of its 16 rows' scales, already in the mma's order (no shuffle, no x permute); kPacked |
- * kJoint: the joint packed layout (a block's 128 bytes of scales right after its 1024 of codes, one stream a
- * tile); kPacked | kBulk (an experiment): the steps in flight in a shared-memory ring a warp, filled by lane
- * 0's bulk copies (cp.async.bulk, the TMA) of whole blocks, so that they cost no registers. (kSmem, a ring
- * of per-lane 16-byte cp.async on the checkpoint's layout, measured 39-50% and left: docs/perf/quant.md.) */
-constexpr int kDirect = 2, kDown2 = 8, kPacked = 32, kJoint = 64, kBulk = 128;
+ * 128-byte load of its 16 rows' scales, already in the mma's order (no shuffle, no x permute). Measured and
+ * left (docs/perf/quant.md): kSmem, kBulk (rings of steps in shared memory, by per-lane cp.async or by bulk
+ * copies), the joint packed layout (scales after codes). */
+constexpr int kDirect = 2, kDown2 = 8, kPacked = 32;
 
 /* Output columns a warp of the kernel owns: gate/up 16 (two A tiles, gate and up rows); down 16, or 32
  * with kDown2 (two A tiles of adjacent columns: half the warps, so that at batch 1 a layer's down is one
  * wave of resident warps instead of 1.7). */
 template <bool kGateUp, int kV> constexpr int warp_cols() { return kGateUp || !(kV & kDown2) ? 16 : 32; }
-
-/* kBulk's ring: slots of steps a warp (1 + kLaneBytes / a lane's code bytes of a step, as the register
- * ring), and the block's dynamic shared memory: an 8-byte mbarrier a slot, then per warp and slot kA
- * blocks of 1152 bytes (1024 of codes, 128 of scales). */
-template <bool kGateUp, int kLaneBytes, int kV> constexpr int bulk_slots() {
-    constexpr int kStep = (kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16) * 32;
-    return 1 + (kLaneBytes / kStep > 1 ? kLaneBytes / kStep : 1);
-}
-template <bool kInt4, bool kGateUp, int kLaneBytes, int kV> constexpr int smem_bytes() {
-    constexpr int kA = kGateUp ? 2 : warp_cols<kGateUp, kV>() / 16, kD = bulk_slots<kGateUp, kLaneBytes, kV>();
-    return kInt4 && (kV & kBulk) ? kQWarps * kD * (8 + kA * 1152) : 0;
-}
-
-/* kBytes (a multiple of 16) from global src to shared dst by the TMA, completing on the mbarrier bar. */
-template <int kBytes>
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void *src, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src),
-                 "n"(kBytes), "r"(bar) : "memory");
-}
 
 /* T at p + kOff, for a step wholly inside K (no bounds check): ld.global.nc with the 256-byte L2 prefetch,
  * L1 bypassed (kL1: through L1, for the scales, which a row's next steps read again). The immediate offset
@@ -151,7 +134,7 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     const int nsteps = (n_in + kQStep - 1) / kQStep, ng = n_in / 32;
     const int s_beg = ks * nsteps / kSplit, s_end = (ks + 1) * nsteps / kSplit;
     const size_t w8 = (size_t)8 * (kInt4 ? n_in / 2 : n_in), s8 = (size_t)8 * (n_in / 32) * 2; /* 8 rows of codes, INT4 scales */
-    constexpr bool kPk = kInt4 && (kV & kPacked), kJt = kPk && (kV & kJoint);
+    constexpr bool kPk = kInt4 && (kV & kPacked);
     const uint8_t *wr[kA], *sr[kA]; /* row g's codes and scales (FP8: its block row's); kPk: the tile's */
 #pragma unroll
     for (int a = 0; a < kA; a++) {
@@ -159,10 +142,6 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         const size_t row = kGateUp && a ? n_out + col : col;
         const typename WQuant<kInt4>::Row r = w.row(e, 0, row, 0);
         wr[a] = r.w, sr[a] = r.s;
-        if constexpr (kJt) { /* rows before the tile in its part, at K / 2 + K / 16 bytes a row */
-            const int p = row >= (size_t)w.N0;
-            wr[a] = w.w[p] + ((size_t)e * (p ? w.N - w.N0 : w.N0) + row - (p ? w.N0 : 0)) * (n_in / 2 + n_in / 16), sr[a] = wr[a] + 1024;
-        }
     }
     const int xrow = r_beg + g;
     const bf16 *xr = xrow < cnt ? in + (size_t)(kGateUp && perm ? perm[off + xrow] / topk : off + xrow) * n_in : nullptr;
@@ -178,7 +157,7 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     for (int a = 0; a < kA; a++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            if constexpr (kPk) pw[a][h] = wr[a] + 512 * h + 16 * lane, ps[a][h] = sr[a] + 16 * g; /* step s at + kCS s, + kSS s */
+            if constexpr (kPk) pw[a][h] = wr[a] + 512 * h + 16 * lane, ps[a][h] = sr[a] + 16 * g; /* step s at + 1024 s, + 128 s */
             else pw[a][h] = wr[a] + h * w8 + (kDir ? 4 : 16) * t, ps[a][h] = kInt4 ? sr[a] + h * s8 + 2 * t : sr[a];
         }
     auto load_step = [&](auto full, QStage<kInt4, kA, kPk> &st, int s) { /* full: std::true_type where s < s_full */
@@ -204,11 +183,10 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
     auto load = [&](QStage<kInt4, kA, kPk> &st, int s) {
         if (s >= s_end) return;
         if constexpr (kPk) { /* K % 128 == 0: every step is full */
-            constexpr int kCS = kJt ? 1152 : 1024, kSS = kJt ? 1152 : 128; /* a block's codes, scales */
 #pragma unroll
             for (int a = 0; a < kA; a++) {
-                st.w[a][0][0] = ldw<uint4>(pw[a][0] + kCS * s), st.w[a][1][0] = ldw<uint4>(pw[a][1] + kCS * s);
-                st.s[a] = ldw<uint4>(ps[a][0] + kSS * s);
+                st.w[a][0][0] = ldw<uint4>(pw[a][0] + 1024 * s), st.w[a][1][0] = ldw<uint4>(pw[a][1] + 1024 * s);
+                st.s[a] = ldw<uint4>(ps[a][0] + 128 * s);
             }
         } else if (s < s_full) load_step(std::true_type(), st, s);
         else load_step(std::false_type(), st, s);
@@ -257,70 +235,16 @@ __device__ __forceinline__ void expert_cols(const bf16 *__restrict__ in, const i
         }
     };
 
-    if constexpr (kPk && (kV & kBulk)) {
-        /* Slot d of this warp: kA blocks of 1152 bytes (its 1024 code bytes, then its 128 of scales), step s in
-         * slot (s - s_beg) % kD, completing phase ((s - s_beg) / kD) & 1 of the slot's mbarrier. Lane 0 refills
-         * a slot after the warp has read it into registers (__syncwarp). */
-        constexpr int kD = bulk_slots<kGateUp, kLaneBytes, kV>(), kSlot = kA * 1152;
-        constexpr int kCS = kJt ? 1152 : 1024, kSS = kJt ? 1152 : 128;
-        extern __shared__ __align__(128) uint8_t qsm[];
-        const int warp = threadIdx.x / 32;
-        const unsigned bar0 = (unsigned)__cvta_generic_to_shared(qsm) + 8 * warp * kD;
-        const uint8_t *const ring = qsm + kQWarps * kD * 8 + (size_t)warp * kD * kSlot;
-        const unsigned ring0 = (unsigned)__cvta_generic_to_shared(ring);
-        __syncwarp(); /* the warp's last pass has left its waits */
-        if (lane == 0) {
-            for (int d = 0; d < kD; d++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * d) : "memory");
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncwarp();
-        auto issue = [&](int s) { /* lane 0 */
-            const int d = (s - s_beg) % kD;
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar0 + 8 * d), "n"(kSlot) : "memory");
+    /* A slot is refilled as soon as its step is computed (no copy of it: the registers are the ring's). */
+    QStage<kInt4, kA, kPk> ring[kU];
 #pragma unroll
-            for (int a = 0; a < kA; a++) {
-                const unsigned dst = ring0 + d * kSlot + a * 1152;
-                if constexpr (kJt) bulk_copy<1152>(dst, wr[a] + (size_t)kCS * s, bar0 + 8 * d);
-                else bulk_copy<1024>(dst, wr[a] + (size_t)kCS * s, bar0 + 8 * d), bulk_copy<128>(dst + 1024, sr[a] + (size_t)kSS * s, bar0 + 8 * d);
-            }
-        };
-        if (lane == 0)
-            for (int s = s_beg; s < s_end && s < s_beg + kD; s++) issue(s);
-        auto wait = [&](unsigned bar, unsigned parity) { /* for that phase's completion; a copy that never lands traps */
-            for (int i = 0;; i++) {
-                unsigned done;
-                asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                             : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-                if (done) return;
-                if (i > (1 << 22)) __trap();
-            }
-        };
-        for (int s = s_beg; s < s_end; s++) {
-            const int d = (s - s_beg) % kD;
-            wait(bar0 + 8 * d, (unsigned)((s - s_beg) / kD) & 1u);
-            QStage<kInt4, kA, kPk> st;
+    for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
+    for (int s0 = s_beg; s0 < s_end; s0 += kU) {
 #pragma unroll
-            for (int a = 0; a < kA; a++) {
-                const uint8_t *b = ring + d * kSlot + a * 1152;
-                st.w[a][0][0] = *(const uint4 *)(b + 16 * lane), st.w[a][1][0] = *(const uint4 *)(b + 512 + 16 * lane);
-                st.s[a] = *(const uint4 *)(b + 1024 + 16 * g);
-            }
-            compute(st, s);
-            __syncwarp();
-            if (lane == 0 && s + kD < s_end) issue(s + kD);
-        }
-    } else {
-        /* A slot is refilled as soon as its step is computed (no copy of it: the registers are the ring's). */
-        QStage<kInt4, kA, kPk> ring[kU];
-#pragma unroll
-        for (int u = 0; u < kU; u++) load(ring[u], s_beg + u);
-        for (int s0 = s_beg; s0 < s_end; s0 += kU) {
-#pragma unroll
-            for (int u = 0; u < kU; u++) {
-                if (s0 + u >= s_end) break;
-                compute(ring[u], s0 + u);
-                load(ring[u], s0 + u + kU);
-            }
+        for (int u = 0; u < kU; u++) {
+            if (s0 + u >= s_end) break;
+            compute(ring[u], s0 + u);
+            load(ring[u], s0 + u + kU);
         }
     }
 
@@ -365,8 +289,9 @@ __global__ void __launch_bounds__(32 * kQWarps, 4) moe_quant_kernel(const bf16 *
     const int warp = threadIdx.x / 32, ks = warp % kSplit;
     const int col0 = (blockIdx.x * (kQWarps / kSplit) + warp / kSplit) * warp_cols<kGateUp, kV>();
     if (kSplit == 1 && col0 >= n_out) return;
-    int cnt = 0;
-    const int e = nth_active(counts, E, blockIdx.y, &cnt);
+    int cnt = 0, active = 0;
+    const int e = nth_active(counts, E, blockIdx.y, &cnt, &active);
+    if (kGateUp && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) atomicAdd(&g_experts_read, (unsigned long long)active);
     if (e < 0) return;
     const int off = offs[e];
     for (int r = 0; r < cnt; r += 8) expert_cols<kInt4, kGateUp, kSplit, kLaneBytes, kV>(in, perm, topk, w, e, off, r, cnt, n_in, n_out, col0, ks, red, out);
@@ -379,67 +304,61 @@ kdt_status launch(int64_t R, const bf16 *x, const int32_t *perm, int32_t K, cons
     const int32_t E = gu->n;
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * warp_cols<false, kV>();
     const unsigned slots = (unsigned)(R * K < E ? R * K : E);
-    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps,
-                                                                          smem_bytes<kInt4, true, kLaneBytes, (kV & ~kDown2)>(), s>>>(
+    moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)><<<dim3((unsigned)((I + gu_cols - 1) / gu_cols), slots), 32 * kQWarps, 0, s>>>(
         x, perm, K, counts, offs, E, wquant<kInt4>(gu), hid, I, act);
     KDT_CUDA_CHECK_LAUNCH("moe_quant gate_up");
-    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps,
-                                                                 smem_bytes<kInt4, false, kLaneBytes, kV>(), s>>>(
+    moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV><<<dim3((unsigned)((hid + dn_cols - 1) / dn_cols), slots), 32 * kQWarps, 0, s>>>(
         (const bf16 *)act, nullptr, K, counts, offs, E, wquant<kInt4>(dn), I, hid, ye);
     KDT_CUDA_CHECK_LAUNCH("moe_quant down");
     return KDT_OK;
 }
 
 /* Where packed code word i of a span of rows [rows, K] (K / 128 = S steps) lies in the checkpoint's layout:
- * *row and its word *kw (values k = 8 kw .. 8 kw + 7); its place in the codes array (the joint layout: block
- * b's 256 words at 288 b, 288 words being 1152 bytes, then its 64 scales). moe_quant.h has the layout. */
-__device__ __forceinline__ int64_t packed_word(int64_t i, int64_t S, bool joint, int64_t *row, int64_t *kw) {
+ * *row and its word *kw (values k = 8 kw .. 8 kw + 7). moe_quant.h has the layout. */
+__device__ __forceinline__ void packed_word(int64_t i, int64_t S, int64_t *row, int64_t *kw) {
     const int64_t b = i / 256; /* block b: tile b / S, step b % S; its words [h 2][lane 32][G 4] */
     const int q = (int)(i % 256), h = q / 128, lane = q / 4 % 32, G = q % 4;
     *row = 16 * (b / S) + lane / 4 + 8 * h, *kw = 16 * (b % S) + 4 * G + lane % 4;
-    return joint ? 288 * b + q : i;
 }
-/* Packed scale j of the span: its *row and group *grp, and its place among the span's scales (u16; the joint
- * layout: counted in u16 from the codes array's start). */
-__device__ __forceinline__ int64_t packed_scale(int64_t j, int64_t S, bool joint, int64_t *row, int64_t *grp) {
+/* Where packed scale j of the span lies in the checkpoint's layout: *row and its group *grp. */
+__device__ __forceinline__ void packed_scale(int64_t j, int64_t S, int64_t *row, int64_t *grp) {
     const int64_t b = j / 64; /* block b's 64 scales: [g 8][G 4][h 2] */
     const int q = (int)(j % 64), g = q / 8, G = q / 2 % 4, h = q % 2;
     *row = 16 * (b / S) + g + 8 * h, *grp = 4 * (b % S) + G;
-    return joint ? 576 * b + 512 + q : j;
 }
 /* Nibble n of a packed word holds value j = pk_val(n) of its 8 (moe_quant.h: value j in nibble j / 2 or 4 + j / 2). */
 __device__ __forceinline__ int pk_val(int n) { return n < 4 ? 2 * n : 2 * n - 7; }
 
 /* The packed layout from the checkpoint's: thread i writes packed code word i (i < rows K / 8) or scale
- * i - rows K / 8 of the span; ds NULL: the joint layout, all in dw. */
+ * i - rows K / 8 of the span. */
 __global__ void int4_pack_kernel(uint32_t *__restrict__ dw, uint16_t *__restrict__ ds, const uint32_t *__restrict__ sw,
                                  const uint16_t *__restrict__ ss, int64_t rows, int K) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nw = rows * (K / 8), S = K / 128;
     int64_t row, c;
     if (i < nw) {
-        const int64_t at = packed_word(i, S, !ds, &row, &c);
+        packed_word(i, S, &row, &c);
         const uint32_t v = sw[row * (K / 8) + c]; /* value j in nibble j */
         uint32_t o = 0;
 #pragma unroll
         for (int n = 0; n < 8; n++) o |= (v >> (4 * pk_val(n)) & 15u) << (4 * n);
-        dw[at] = o;
+        dw[i] = o;
     } else if (i < nw + rows * (K / 32)) {
-        const int64_t at = packed_scale(i - nw, S, !ds, &row, &c);
-        (ds ? ds : (uint16_t *)dw)[at] = ss[row * (K / 32) + c];
+        packed_scale(i - nw, S, &row, &c);
+        ds[i - nw] = ss[row * (K / 32) + c];
     }
 }
 
-/* bf16 out [rows, K] from a packed span (ds NULL: joint), as quant_gemm.cu's dequantizer rounds the
- * checkpoint's layout: thread i the 8 values of packed word i. */
+/* bf16 out [rows, K] from a packed span, as quant_gemm.cu's dequantizer rounds the checkpoint's layout:
+ * thread i the 8 values of packed word i. */
 __global__ void int4_unpack_bf16_kernel(const uint32_t *__restrict__ dw, const uint16_t *__restrict__ ds, bf16 *__restrict__ out,
                                         int64_t rows, int K) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, S = K / 128;
     if (i >= rows * (K / 8)) return;
-    int64_t row, c, srow, grp;
-    const uint32_t v = dw[packed_word(i, S, !ds, &row, &c)];
+    int64_t row, c;
+    packed_word(i, S, &row, &c);
+    const uint32_t v = dw[i];
     /* the scale's packed index: block (row / 16) S + c / 16, place [g][G][h] */
-    const int64_t j = ((row / 16) * S + c / 16) * 64 + row % 8 * 8 + c % 16 / 4 * 2 + row % 16 / 8;
-    const float sc = bf16_bits((ds ? ds : (const uint16_t *)dw)[packed_scale(j, S, !ds, &srow, &grp)]);
+    const float sc = bf16_bits(ds[((row / 16) * S + c / 16) * 64 + row % 8 * 8 + c % 16 / 4 * 2 + row % 16 / 8]);
     float f[8];
 #pragma unroll
     for (int n = 0; n < 8; n++) f[pk_val(n)] = (float)((int)(v >> (4 * n) & 15u) - 8);
@@ -459,6 +378,8 @@ extern "C" int kdt_moe_quant_int4_packable(int32_t N, int32_t K) { return N > 0 
 
 extern "C" kdt_status kdt_moe_quant_int4_pack(void *dst_w, void *dst_s, const void *src_w, const void *src_s, int64_t rows, int32_t K,
                                               cudaStream_t s) {
+    if (!dst_w || !dst_s || !src_w || !src_s)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "model cuda: INT4 pack: a codes or scales pointer is NULL");
     if (rows < 1 || rows % 16 || !kdt_moe_quant_int4_packable(16, K))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "model cuda: INT4 pack of %lld rows of K = %d: rows must be a multiple of 16, K of 128",
                         (long long)rows, K);
@@ -469,11 +390,11 @@ extern "C" kdt_status kdt_moe_quant_int4_pack(void *dst_w, void *dst_s, const vo
     return KDT_OK;
 }
 
-/* Matrix e of part p of an INT4 linear: its codes and (layout 1) scales; the joint layout's at w alone. */
+/* Matrix e of part p of an INT4 linear: its codes and scales. */
 static void part_at(const kdt_dlin *d, int p, int64_t e, const uint8_t **w, const uint8_t **sc) {
     const int64_t r = kdt_dlin_rows(d, p), K = d->K;
-    *w = (const uint8_t *)d->w[p] + e * r * (K / 2 + (d->packed == 2 ? K / 16 : 0));
-    *sc = d->packed == 2 ? nullptr : (const uint8_t *)d->scale[p] + e * r * (K / 16);
+    *w = (const uint8_t *)d->w[p] + e * r * (K / 2);
+    *sc = (const uint8_t *)d->scale[p] + e * r * (K / 16);
 }
 
 extern "C" kdt_status kdt_moe_quant_int4_dequant(const kdt_dlin *d, int64_t e, void *out, cudaStream_t s) {
@@ -524,6 +445,15 @@ extern "C" kdt_status kdt_cuda_pack_experts(kdt_dlin *gate_up, kdt_dlin *down) {
     return KDT_OK;
 }
 
+extern "C" kdt_status kdt_moe_quant_experts_read(int64_t *n) {
+    unsigned long long v = 0;
+    KDT_CUDA_CHECK(cudaMemcpyFromSymbol(&v, g_experts_read, sizeof v));
+    const unsigned long long zero = 0;
+    KDT_CUDA_CHECK(cudaMemcpyToSymbol(g_experts_read, &zero, sizeof zero));
+    *n = (int64_t)v;
+    return KDT_OK;
+}
+
 extern "C" int kdt_moe_quant_fits(const kdt_dlin *gate_up, const kdt_dlin *down, int32_t hid, int32_t I) {
     const int m = gate_up->fmt == KDT_WFMT_INT4 ? 32 : 16;
     return gate_up->fmt == down->fmt && (gate_up->fmt == KDT_WFMT_INT4 || gate_up->fmt == KDT_WFMT_FP8) && hid > 0 && I > 0 &&
@@ -548,9 +478,6 @@ extern "C" kdt_status kdt_moe_quant(int64_t R, const void *x, const int32_t *per
         KDT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         const bool split = (R * K < gate_up->n ? R * K : gate_up->n) * ((I + 63) / 64) < 4 * (int64_t)sms;
         const bf16 *xb = (const bf16 *)x;
-        if (gate_up->packed == 2)
-            return split ? launch<true, 2, 1, 64, kPacked | kJoint | kDown2>(R, xb, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s)
-                         : launch<true, 1, 1, 64, kPacked | kJoint | kDown2>(R, xb, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
         return split ? launch<true, 2, 1, 64, kPacked | kDown2>(R, xb, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s)
                      : launch<true, 1, 1, 64, kPacked | kDown2>(R, xb, perm, K, counts, offs, gate_up, down, hid, I, act, ye, s);
     }
