@@ -10,10 +10,11 @@
  * columns of its expert (gate/up: the 16 gate rows and the matching 16 up rows, two mma A tiles, so
  * SiLU . mul pairs registers of the same lane) against 8 of its rows at a time (the mma's B), over
  * its part of K (kSplit warps of a block split it; their partials are summed in part order) in
- * 128-k steps: quant_mma.cuh's fp8_step / int4_step. Each lane loads its own 16-byte pieces of rows
- * g and g + 8 (whole 32-byte sectors per instruction) and the step's scales kU steps ahead into
- * registers, about 4 KB a warp in flight; a step's token rows (x, from L2 mostly) are read at once
- * at its start. Each output is one warp's sum (or its parts' in order): deterministic. */
+ * 128-k steps: quant_mma.cuh's fp8_step / int4_step_tiles. Each lane loads its pieces of the step
+ * (INT4 experts as the loader packs them, moe_quant.h: 16 contiguous bytes a row half, a warp's
+ * step of a tile 1 KB of codes and 128 bytes of scales) kU steps ahead into registers, 2-4 KB a
+ * warp in flight; a step's token rows (x, from L2 mostly) are read at once at its start. Each
+ * output is one warp's sum (or its parts' in order): deterministic. */
 #include <algorithm>
 #include <type_traits>
 
