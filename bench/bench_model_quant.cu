@@ -15,8 +15,12 @@
  * events around kdt_model_forward (logits of the last rows to the host) after a warm-up, against
  * the floor (--batch: that batch size alone): the bytes a step reads at least over the device-copy bandwidth measured in this run
  * (and over 4.8 TB/s, the H200's HBM3e): every weight once, except routed experts, of which a
- * batch of B rows reads the expected number of distinct ones under uniform routing,
- * E (1 - (1 - k/E)^B) (the random routers spread the rows about uniformly); the cache is left out.
+ * step reads the ones its routing chose: the experts with rows, counted by the grouped kernels
+ * (kdt_moe_quant_experts_read) over the timed steps, their mean a step; the router and the
+ * embedding rows; the cache is left out. Where nothing counts them (bf16 experts, or a library
+ * without the counter) the floor takes the uniform-routing estimate, E (1 - (1 - k/E)^B) experts a
+ * layer, and says so; the last columns compare every step with that estimate (the random routers
+ * send a batch's rows to fewer experts than uniform routing would).
  * The timed decode steps run between cudaProfilerStart and Stop: `ncu --profile-from-start off`
  * (graphs off: KDT_MODEL_FLAGS) lists their kernels alone, without the weight fills and prompts. */
 #include <math.h>
@@ -30,6 +34,10 @@
 #include "bench_common.h"
 #include "kdt/model.h"
 #include "model/internal.h"
+
+/* moe_quant.h's counter of the experts the grouped kernels read; weak, so that a baseline library
+ * without it links (NULL there). */
+extern "C" __attribute__((weak)) kdt_status kdt_moe_quant_experts_read(int64_t *n);
 
 namespace {
 
@@ -70,8 +78,16 @@ kdt_model *make(const char *fmt, int layers, kdt_wfmt experts, kdt_wfmt others) 
     return m;
 }
 
-/* Bytes a decode step of B rows reads at least (see the header). */
-double floor_bytes(const kdt_model *m, int B) {
+/* MoE layers of m. */
+int moe_layers(const kdt_model *m) {
+    int n = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) n += m->dlayers[l].is_moe;
+    return n;
+}
+
+/* Bytes a decode step of B rows reads at least (see the header): experts, the routed experts it reads
+ * summed over its MoE layers; < 0: uniform routing's estimate, E (1 - (1 - k/E)^B) a layer. */
+double floor_bytes(const kdt_model *m, int B, double experts) {
     const kdt_model_config *c = &m->cfg;
     const double E = c->n_routed_experts, k = c->num_experts_per_tok;
     double total = 2.0 * c->vocab_size * c->hidden_size + 2.0 * B * c->hidden_size; /* LM head, embedding rows */
@@ -79,7 +95,10 @@ double floor_bytes(const kdt_model *m, int B) {
         size_t now[4], bf[4];
         kdt_model_layer_bytes(m, l, now, bf);
         total += (double)now[0] + now[2] + now[3];
-        if (m->dlayers[l].is_moe) total += now[1] * (1.0 - pow(1.0 - k / E, B)) + E * c->hidden_size * 4.0;
+        if (!m->dlayers[l].is_moe) continue;
+        total += E * c->hidden_size * 4.0; /* the f32 router */
+        /* every MoE layer has the same experts: now[1] / E bytes each */
+        total += now[1] / E * (experts >= 0 ? experts / moe_layers(m) : E * (1.0 - pow(1.0 - k / E, B)));
     }
     return total;
 }
@@ -116,7 +135,8 @@ void decode(const char *name, kdt_model *m, int D) {
     int32_t req[kMaxB], rows[kMaxB], tok[kMaxB * kPrompt];
     float *logits = (float *)malloc((size_t)kMaxB * c->vocab_size * sizeof(float)), *t = (float *)malloc((size_t)D * sizeof(float));
     bench_emit(g_out, "\n## %s: %d layers, %.1f GB of weights\n\n| B | decode ms | tok/s | floor GB | floor ms (copy %.2f TB/s) | x floor "
-                      "| floor ms (4.8 TB/s) | x floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+                      "| floor ms (4.8 TB/s) | x floor | experts a MoE layer | uniform routing ms (copy) | x uniform |\n"
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
                name, c->num_hidden_layers, gb, g_copy_bw / 1e12);
     for (int B : kBatches) {
         if (g_batch && B != g_batch) continue;
@@ -135,6 +155,8 @@ void decode(const char *name, kdt_model *m, int D) {
         KCK(kdt_model_forward(m, cache, &bt, logits, NULL, s));
         for (int i = 0; i < B; i++) rows[i] = 1;
         for (int i = 0; i < 2; i++) KCK(kdt_model_forward(m, cache, &bt, logits, NULL, s)); /* warm-up, graph capture */
+        int64_t nexp = 0;
+        if (kdt_moe_quant_experts_read) KCK(kdt_moe_quant_experts_read(&nexp)); /* from 0 for the timed steps */
         CK(cudaProfilerStart());
         for (int i = 0; i < D; i++) {
             CK(cudaEventRecord(e0, s));
@@ -144,9 +166,15 @@ void decode(const char *name, kdt_model *m, int D) {
             CK(cudaEventElapsedTime(&t[i], e0, e1));
         }
         CK(cudaProfilerStop());
-        const double ms = bench_median(t, D), fb = floor_bytes(m, B), f1 = fb / g_copy_bw * 1e3, f2 = fb / kSpecBw * 1e3;
-        bench_emit(g_out, "| %d | %.3f | %.0f | %.2f | %.3f | %.2f | %.3f | %.2f |\n", B, ms, B / (ms * 1e-3), fb / 1e9, f1, ms / f1, f2,
-                   ms / f2);
+        if (kdt_moe_quant_experts_read) KCK(kdt_moe_quant_experts_read(&nexp));
+        const double experts = nexp > 0 ? (double)nexp / D : -1; /* a step, over its MoE layers */
+        const double ms = bench_median(t, D), fb = floor_bytes(m, B, experts), f1 = fb / g_copy_bw * 1e3, f2 = fb / kSpecBw * 1e3;
+        const double fu = floor_bytes(m, B, -1) / g_copy_bw * 1e3;
+        char read[32];
+        if (experts >= 0) snprintf(read, sizeof read, "%.1f", experts / moe_layers(m));
+        else snprintf(read, sizeof read, "uniform estimate");
+        bench_emit(g_out, "| %d | %.3f | %.0f | %.2f | %.3f | %.2f | %.3f | %.2f | %s | %.3f | %.2f |\n", B, ms, B / (ms * 1e-3), fb / 1e9, f1,
+                   ms / f1, f2, ms / f2, read, fu, ms / fu);
     }
     int64_t replays = 0, captures = 0;
     kdt_model_graph_counts(m, &replays, &captures);

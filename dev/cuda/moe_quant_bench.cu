@@ -9,14 +9,14 @@
  * and the variant's ye against main's kernel's (max |d| over max |ye|, on the first routing).
  *
  *   make BUILD=build build/dev/moe_quant_bench   (sm_90a; links build/libkdt.a)
- *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8] [--exp]
+ *   build/dev/moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]
  *
  * Variants: "bits, split S/D, B bytes": moe_quant.cu's variant bits (direct: kDirect, INT4's lanes load the
- * transposed words; transpose: 16 bytes and the quad's shuffles; down2: kDown2, down's warps own 32 columns),
+ * transposed words; packed: kPacked, the same experts repacked by kdt_moe_quant_int4_pack into moe_quant.h's
+ * packed layout, as the loader holds them; down2: kDown2, down's warps own 32 columns),
  * S (D) warps of a block split gate/up's (down's) K, each lane keeps B bytes of weights in flight beside the
- * step it computes; --exp: INT4 alone, the library's kernels beside kSmem's shared-memory ring (an
- * experiment the library does not launch); "lib" is what kdt_moe_quant launches (one event
- * around both launches: its gate/up column is 0). */
+ * step it computes; "lib" is what kdt_moe_quant launches on the checkpoint's layout, "lib, packed" on the
+ * packed one (one event around both launches: its gate/up column is 0). */
 #include <math.h>
 
 #include <algorithm>
@@ -30,12 +30,12 @@ namespace {
 constexpr int kHid = 7168, kInter = 2048, kTopk = 8, kPlans = 8, kMaxR = 32;
 FILE *g_out;
 int g_reps = 24;
-bool g_exp; /* --exp: kSmem's rows alone (INT4) */
 
 struct Layer {
     bool int4;
     int E;
     kdt_dlin gu, dn;
+    kdt_dlin gu_p, dn_p; /* INT4: the same experts in the packed layout (kdt_moe_quant_int4_pack) */
     double expert_bytes; /* codes + scales of one expert's gate, up and down */
 };
 
@@ -58,13 +58,28 @@ Layer make_layer(bool int4, int E) {
     fill_part(int4, E, kInter, kHid, &L.gu.w[0], &L.gu.scale[0], 11);
     fill_part(int4, E, kInter, kHid, &L.gu.w[1], &L.gu.scale[1], 23);
     fill_part(int4, E, kHid, kInter, &L.dn.w[0], &L.dn.scale[0], 37);
+    if (int4) {
+        L.gu_p = L.gu, L.dn_p = L.dn;
+        for (kdt_dlin *d : {&L.gu_p, &L.dn_p}) {
+            d->packed = 1;
+            const kdt_dlin &o = d == &L.gu_p ? L.gu : L.dn;
+            for (int p = 0; p < d->parts; p++) {
+                const int64_t rows = (int64_t)E * kdt_dlin_rows(d, p);
+                CK(cudaMalloc(&d->w[p], rows * d->K / 2));
+                CK(cudaMalloc(&d->scale[p], rows * (d->K / 32) * 2));
+                KCK(kdt_moe_quant_int4_pack(d->w[p], d->scale[p], o.w[p], o.scale[p], rows, d->K, 0));
+            }
+        }
+        CK(cudaDeviceSynchronize());
+    }
     const double per = (double)kInter * kHid;
     L.expert_bytes = 3 * per * (int4 ? 0.5 + 2.0 / 32 : 1.0 + 4.0 / (128 * 128));
     return L;
 }
 
 void free_layer(Layer &L) {
-    for (void *p : {L.gu.w[0], L.gu.w[1], L.gu.scale[0], L.gu.scale[1], L.dn.w[0], L.dn.scale[0]}) CK(cudaFree(p));
+    for (const kdt_dlin *d : {&L.gu, &L.dn, &L.gu_p, &L.dn_p})
+        for (void *p : {d->w[0], d->w[1], d->scale[0], d->scale[1]}) CK(cudaFree(p)); /* cudaFree(NULL): no-op */
 }
 
 /* kPlans routings of R rows (k distinct experts each, uniform): counts [E], offs [E], perm [R k]
@@ -139,19 +154,18 @@ void run_grouped(const Layer &L, const Plans &P, int plan, int R, const Bufs &b,
     const int gu_cols = kQWarps / kSplitGU * kQCols, dn_cols = kQWarps / kSplitDown * warp_cols<false, kV>();
     auto gu = moe_quant_kernel<kInt4, true, kSplitGU, kLaneBytes, (kV & ~kDown2)>;
     auto dn = moe_quant_kernel<kInt4, false, kSplitDown, kLaneBytes, kV>;
-    constexpr int sm_gu = smem_bytes<kInt4, true, kLaneBytes, (kV & ~kDown2)>(), sm_dn = smem_bytes<kInt4, false, kLaneBytes, kV>();
-    if (sm_gu) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_gu)); /* kSmem: with the static part, past 48 KB */
-    if (sm_dn) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, sm_dn));
-    gu<<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, sm_gu, s>>>(b.x, pm, kTopk, c, o, L.E, wquant<kInt4>(&L.gu), kHid, kInter,
+    const kdt_dlin &wgu = kV & kPacked ? L.gu_p : L.gu, &wdn = kV & kPacked ? L.dn_p : L.dn;
+    gu<<<dim3((kInter + gu_cols - 1) / gu_cols, slots), 32 * kQWarps, 0, s>>>(b.x, pm, kTopk, c, o, L.E, wquant<kInt4>(&wgu), kHid, kInter,
                                                                                 b.act);
     CK(cudaEventRecord(mid, s));
-    dn<<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, sm_dn, s>>>(b.act, nullptr, kTopk, c, o, L.E, wquant<kInt4>(&L.dn), kInter,
+    dn<<<dim3((kHid + dn_cols - 1) / dn_cols, slots), 32 * kQWarps, 0, s>>>(b.act, nullptr, kTopk, c, o, L.E, wquant<kInt4>(&wdn), kInter,
                                                                               kHid, b.ye);
 }
+template <bool kPk> /* the packed layout, or the checkpoint's */
 void run_lib(const Layer &L, const Plans &P, int plan, int R, const Bufs &b, cudaStream_t s, cudaEvent_t mid) {
     const int32_t *c = P.counts(plan);
     CK(cudaEventRecord(mid, s)); /* one call: the split is not seen */
-    KCK(kdt_moe_quant(R, b.x, c + 2 * L.E, kTopk, c, c + L.E, &L.gu, &L.dn, kHid, kInter, b.act, b.ye, s));
+    KCK(kdt_moe_quant(R, b.x, c + 2 * L.E, kTopk, c, c + L.E, kPk ? &L.gu_p : &L.gu, kPk ? &L.dn_p : &L.dn, kHid, kInter, b.act, b.ye, s));
 }
 
 void time_variant(const char *name, VariantFn fn, const Layer &L, const Plans &P, int R, const Bufs &b, const float *ye_base,
@@ -212,28 +226,17 @@ void run_format(int E, double copy_bw, const Bufs &b, cudaStream_t s) {
         CK(cudaMemcpy(ye_base, b.ye, ye_n * 4, cudaMemcpyDeviceToHost));
         CK(cudaEventDestroy(mid));
         time_variant("main (moe_small, CUDA cores)", run_base_rows<kInt4>, L, P, R, b, ye_base, copy_bw, s);
-        time_variant("lib", run_lib, L, P, R, b, ye_base, copy_bw, s);
-        /* moe_quant.cu's variant bits (kDirect 2, kDown2 8); the library: INT4 kDirect, split 2/1, 64 B; FP8 kDown2, split 1/1, 128 B */
+        time_variant("lib", run_lib<false>, L, P, R, b, ye_base, copy_bw, s);
+        /* moe_quant.cu's variant bits (kDirect 2, kDown2 8, kPacked 32); the library: INT4 kDirect, split 2/1, 64 B on the
+         * checkpoint's layout, kPacked | kDown2, split 2/1 (R = 1) or 1/1, 64 B on the packed one; FP8 kDown2, split 1/1, 128 B */
         if constexpr (kInt4) {
-            if (g_exp) { /* --exp: the shared-memory ring (kSmem) beside the library's kernels */
-                time_variant("direct, split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("smem ring, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kSmem>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("smem ring, split 2/1, 192 B", run_grouped<kInt4, 2, 1, 192, kSmem>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("smem ring + down2, split 1/1, 192 B", run_grouped<kInt4, 1, 1, 192, kSmem | kDown2>, L, P, R, b, ye_base, copy_bw,
-                             s);
-            } else {
-                time_variant("direct, split 2/1, 64 B (lib)", run_grouped<kInt4, 2, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("transpose, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, 0>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("direct, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kDirect>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("direct + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kDirect | kDown2>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("direct, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
-                time_variant("direct, split 4/2, 64 B", run_grouped<kInt4, 4, 2, 64, kDirect>, L, P, R, b, ye_base, copy_bw, s);
-            }
+            time_variant("lib, packed", run_lib<true>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("packed, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kPacked>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("packed + down2, split 2/1, 64 B", run_grouped<kInt4, 2, 1, 64, kPacked | kDown2>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("packed, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kPacked>, L, P, R, b, ye_base, copy_bw, s);
+            time_variant("packed + down2, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kPacked | kDown2>, L, P, R, b, ye_base, copy_bw, s);
         } else {
             time_variant("down2, split 1/1, 128 B (lib)", run_grouped<kInt4, 1, 1, 128, kDown2>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("split 1/1, 128 B", run_grouped<kInt4, 1, 1, 128, 0>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("down2, split 2/1, 128 B", run_grouped<kInt4, 2, 1, 128, kDown2>, L, P, R, b, ye_base, copy_bw, s);
-            time_variant("down2, split 1/1, 64 B", run_grouped<kInt4, 1, 1, 64, kDown2>, L, P, R, b, ye_base, copy_bw, s);
         }
         free(ye_base);
         CK(cudaFree(P.d));
@@ -249,9 +252,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-        else if (!strcmp(argv[i], "--exp")) g_exp = true;
         else {
-            fprintf(stderr, "usage: moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8] [--exp]\n");
+            fprintf(stderr, "usage: moe_quant_bench [--out FILE] [--reps 24] [--only int4|fp8]\n");
             return 2;
         }
     }

@@ -55,15 +55,21 @@ __device__ __forceinline__ uint32_t nib2_bf16x2_lop3(uint32_t w, int i) {
     return *(const uint32_t *)&r;
 }
 
-/* One 128-k INT4 step of kA tiles of 16 rows against the same x: v0[a], v1[a] the lane's 16 bytes (group
- * t) of tile a's rows g and g + 8; groups from ng_left on are past K. xat(i, G): the 8 x values at k
- * kb + 32G + 8t ..; scl(a, G, h): tile a's group G scale of row g (h = 0) or g + 8. The quad transposes
- * its loads so that one mma's k lie in one group; kLoaded: the lane loaded the transposed words itself
- * (word G: bytes 4t .. 4t + 3 of group G). x's B operands are made once for the kA tiles. */
-template <int kMT, int kA, bool kLoaded, class X, class Sc>
+/* What an INT4 step's lane holds of a row (int4_step_tiles' kForm): kInt4Groups, 16 bytes of group t (the
+ * quad transposes them); kInt4Words, word G = bytes 4t .. 4t + 3 of group G (the checkpoint's nibble
+ * order: value j of the word's 8 in nibble j); kInt4Packed, word G the same 8 values with value j in
+ * nibble j / 2 (j even) or 4 + j / 2 (odd), moe_quant.h's packed layout, so that nibbles (i, i + 4) are
+ * the k pair of x's word i and x needs no permute. */
+constexpr int kInt4Groups = 0, kInt4Words = 1, kInt4Packed = 2;
+
+/* One 128-k INT4 step of kA tiles of 16 rows against the same x: v0[a], v1[a] the lane's 16 bytes of tile
+ * a's rows g and g + 8 (kForm above); groups from ng_left on are past K. xat(i, G): the 8 x values at k
+ * kb + 32G + 8t ..; scl(a, G, h): tile a's group G scale of row g (h = 0) or g + 8. One mma's k lie in one
+ * group. x's B operands are made once for the kA tiles. */
+template <int kMT, int kA, int kForm, class X, class Sc>
 __device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 (&v0)[kA], uint4 (&v1)[kA], int t, int ng_left, X xat,
                                                 Sc scl) {
-    if constexpr (!kLoaded) {
+    if constexpr (kForm == kInt4Groups) {
 #pragma unroll
         for (int a = 0; a < kA; a++) {
             quad_transpose(v0[a], t); /* word G: lane t's 8 k of group G */
@@ -80,7 +86,8 @@ __device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const uint32_t lo = h ? xv.y : xv.x, hi = h ? xv.w : xv.z;
-                b[i][h][0] = __byte_perm(lo, hi, 0x5410), b[i][h][1] = __byte_perm(lo, hi, 0x7632);
+                if constexpr (kForm == kInt4Packed) b[i][h][0] = h ? xv.z : xv.x, b[i][h][1] = h ? xv.w : xv.y;
+                else b[i][h][0] = __byte_perm(lo, hi, 0x5410), b[i][h][1] = __byte_perm(lo, hi, 0x7632);
             }
         }
 #pragma unroll
@@ -88,7 +95,7 @@ __device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 
             const uint32_t w0 = G == 0 ? v0[a].x : G == 1 ? v0[a].y : G == 2 ? v0[a].z : v0[a].w;
             const uint32_t w1 = G == 0 ? v1[a].x : G == 1 ? v1[a].y : G == 2 ? v1[a].z : v1[a].w;
             float part[kMT][4] = {};
-            /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k */
+            /* mma h: nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5), x at the same k (packed: x's words 2h, 2h + 1) */
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const uint32_t a0 = nib2_bf16x2_lop3(w0, 2 * h), a1 = nib2_bf16x2_lop3(w1, 2 * h);
@@ -107,7 +114,7 @@ __device__ __forceinline__ void int4_step_tiles(float (&acc)[kA][kMT][4], uint4 
 template <int kMT, class X, class Sc>
 __device__ __forceinline__ void int4_step(float (&acc)[kMT][4], uint4 v0, uint4 v1, int t, int ng_left, X xat, Sc scl) {
     uint4 a0[1] = {v0}, a1[1] = {v1};
-    int4_step_tiles<kMT, 1, false>(*reinterpret_cast<float(*)[1][kMT][4]>(&acc), a0, a1, t, ng_left, xat,
+    int4_step_tiles<kMT, 1, kInt4Groups>(*reinterpret_cast<float(*)[1][kMT][4]>(&acc), a0, a1, t, ng_left, xat,
                                           [&](int, int G, int h) { return scl(G, h); });
 }
 

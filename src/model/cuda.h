@@ -22,6 +22,10 @@ kdt_status kdt_cuda_fill_uniform(void *dst, kdt_dtype dtype, size_t n, uint64_t 
 kdt_status kdt_cuda_fill_bytes(void *dst, int byte, size_t n);
 /* n random bytes (a hash of (seed, index)) ANDed with mask into dst (cuda/linear.cu): quantized codes. */
 kdt_status kdt_cuda_fill_codes(void *dst, size_t n, uint64_t seed, uint8_t mask);
+/* A MoE layer's INT4 routed experts (gate/up [E, 2I, hidden], down [E, hidden, I]) repacked in place into
+ * the grouped kernel's layout (cuda/moe_quant.h; sets packed), where the kernel takes that layout (hidden
+ * and I multiples of 128); anything else is left as it is. Waits for the device. */
+kdt_status kdt_cuda_pack_experts(kdt_dlin *gate_up, kdt_dlin *down);
 
 #ifdef __cplusplus
 }

@@ -193,6 +193,7 @@ kdt_status kdt_model_upload_layer(kdt_model *m, int32_t l) {
         if (s == KDT_OK)
             s = upload_lin(m, &d->exp_gate_up, E, I, I, (int32_t)hid, (lsrc){w->exp_gate, w->exp_up, q, q ? q + 1 : NULL, 3});
         if (s == KDT_OK) s = upload_lin(m, &d->exp_down, E, (int32_t)hid, 0, I, (lsrc){w->exp_down, NULL, q ? q + 2 : NULL, NULL, 3});
+        if (s == KDT_OK) s = kdt_cuda_pack_experts(&d->exp_gate_up, &d->exp_down); /* INT4: the grouped kernel's layout */
         if (s == KDT_OK && w->shared.inter) s = upload_mlp(m, &w->shared, &d->shared);
     }
     memset(&m->layers[l], 0, sizeof m->layers[l]); /* the host copies are the caller's to release */
@@ -269,6 +270,7 @@ static kdt_status rand_layer(rnd *r, int32_t l) {
     if (s == KDT_OK) s = rand_t(r, (size_t)E, KDT_F32, 0.0f, 0.05f, (void **)&d->router_bias);
     if (s == KDT_OK) s = rand_lin(r, &d->exp_gate_up, r->experts, E, I, I, hid);
     if (s == KDT_OK) s = rand_lin(r, &d->exp_down, r->experts, E, hid, 0, I);
+    if (s == KDT_OK) s = kdt_cuda_pack_experts(&d->exp_gate_up, &d->exp_down); /* as the upload packs them */
     if (s == KDT_OK && c->n_shared_experts) s = rand_mlp(r, c->moe_intermediate_size * c->n_shared_experts, &d->shared);
     return s;
 }

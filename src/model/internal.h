@@ -63,6 +63,11 @@ typedef struct kdt_dlin {
     int32_t N, K, n;
     int32_t parts, N0;           /* N0: rows of part 0 (N when one part) */
     void *w[2], *scale[2];
+#ifdef __cplusplus
+    int32_t packed = 0;          /* (C++ aggregate initializers that stop before it: 0, without -Wextra's warning) */
+#else
+    int32_t packed;              /* 1: INT4 routed experts in moe_quant's packed layout (src/model/cuda/moe_quant.h) */
+#endif
 } kdt_dlin;
 
 /* Bytes of one row of `K` quantized values, and of the scales of `rows` such rows. */

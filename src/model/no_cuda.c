@@ -41,4 +41,8 @@ kdt_status kdt_cuda_fill_codes(void *dst, size_t n, uint64_t seed, uint8_t mask)
     (void)dst; (void)n; (void)seed; (void)mask;
     return kdt_no_cuda("random weights");
 }
+kdt_status kdt_cuda_pack_experts(kdt_dlin *gate_up, kdt_dlin *down) {
+    (void)gate_up; (void)down;
+    return kdt_no_cuda("INT4 expert packing");
+}
 #endif

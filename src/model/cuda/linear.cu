@@ -13,6 +13,7 @@
 #include "model/cuda.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/linear.h"
+#include "model/cuda/moe_quant.h"
 
 namespace {
 
@@ -98,6 +99,10 @@ extern "C" kdt_status kdt_lin(const kdt_lin_ctx *c, const kdt_dlin *w, int64_t e
                         (long long)N, (long long)K);
     const bool int4 = w->fmt == KDT_WFMT_INT4;
     kdt_status s = KDT_OK;
+    if (w->packed) { /* INT4 experts in the grouped kernel's layout (moe_quant.h): to bf16 at any size, then cuBLAS */
+        s = kdt_moe_quant_int4_dequant(w, e, c->deq, c->s);
+        return s == KDT_OK ? kdt_lin_gemm(c->blas, M, N, K, c->deq, CUDA_R_16BF, K, x, CUDA_R_16BF, K, y, CUDA_R_32F, N, beta) : s;
+    }
     if (M > KDT_LIN_QGEMM_ROWS) { /* prefill sizes: W dequantized once, then cuBLAS's tensor cores */
         for (int p = 0, row = 0; p < w->parts && s == KDT_OK; row += kdt_dlin_rows(w, p), p++) {
             void *out = (uint16_t *)c->deq + (size_t)row * K;
