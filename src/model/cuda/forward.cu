@@ -721,9 +721,9 @@ kdt_status run(Fwd &f, const kdt_batch *bt, float *logits, float *hidden) {
     f.mtp_h = bt->mtp_hidden;
     if (hidden && m->n_hid_layers && f.hid_out != hidden)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "forward: intermediate layers' hidden states go to device memory on CUDA");
-    if (bt->no_wait && ((logits && f.log_out != logits) || (hidden && f.hid_out != hidden) || (bt->argmax && !on_device(bt->argmax))))
-        return kdt_fail(KDT_ERR_INVALID_ARG, "forward: no_wait needs logits, hidden and argmax in device memory");
     if (bt->argmax && !on_device(bt->argmax)) return kdt_fail(KDT_ERR_INVALID_ARG, "forward: argmax must be device memory");
+    if (bt->no_wait && ((logits && f.log_out != logits) || (hidden && f.hid_out != hidden)))
+        return kdt_fail(KDT_ERR_INVALID_ARG, "forward: no_wait needs logits and hidden in device memory");
     if (f.d.mtp && !on_device(bt->mtp_hidden))
         return kdt_fail(KDT_ERR_INVALID_ARG, "forward: an MTP model's mtp_hidden must be device memory on CUDA");
     if (graph) {

@@ -26,15 +26,17 @@ __global__ void place_kernel(float *__restrict__ y, int64_t ldy, int64_t col0, c
     }
 }
 
+/* $name where set, else dflt; clamped to 0 .. hi. */
+int64_t env_clamped(const char *name, int64_t dflt, int64_t hi) {
+    const char *e = getenv(name);
+    const int64_t v = e ? atoll(e) : dflt;
+    return v < 0 ? 0 : v > hi ? hi : v;
+}
+
 /* Rows up to which the streaming kernel runs: $KDT_LIN_SGEMM_ROWS where set (0 turns it off: the
  * before of a before / after run), else KDT_LIN_SGEMM_ROWS. */
 int64_t sgemm_rows() {
-    static int64_t rows = -1;
-    if (rows < 0) {
-        const char *e = getenv("KDT_LIN_SGEMM_ROWS");
-        rows = e ? atoi(e) : KDT_LIN_SGEMM_ROWS;
-        rows = rows < 0 ? 0 : rows > KDT_SGEMM_MAX_ROWS ? KDT_SGEMM_MAX_ROWS : rows;
-    }
+    static const int64_t rows = env_clamped("KDT_LIN_SGEMM_ROWS", KDT_LIN_SGEMM_ROWS, KDT_SGEMM_MAX_ROWS);
     return rows;
 }
 
@@ -45,12 +47,7 @@ bool sgemm_quant(bool int4, int64_t M, int64_t N, int64_t K) { return M <= sgemm
 /* A bf16 product of M rows of x with W [N, K] on the streaming kernel (else cuBLAS): up to sgemm_rows() rows,
  * x and W 16-byte aligned, W of at most KDT_LIN_SGEMM_BF16_MB MB ($KDT_LIN_SGEMM_BF16_MB overrides it). */
 bool sgemm_bf16(const kdt_lin_ctx *c, int64_t M, int64_t N, int64_t K, const void *x, const void *W) {
-    static int64_t mb = -1;
-    if (mb < 0) {
-        const char *e = getenv("KDT_LIN_SGEMM_BF16_MB");
-        mb = e ? atoll(e) : KDT_LIN_SGEMM_BF16_MB;
-        mb = mb < 0 ? 0 : mb;
-    }
+    static const int64_t mb = env_clamped("KDT_LIN_SGEMM_BF16_MB", KDT_LIN_SGEMM_BF16_MB, INT64_MAX / 2000000);
     return c->dt == KDT_BF16 && M <= sgemm_rows() && N * K * 2 <= mb * 1000000 && N <= INT_MAX && K <= INT_MAX && K % 8 == 0 &&
            ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
 }
